@@ -1,0 +1,38 @@
+"""Kernels for the target model's hot operations, with one entry point per operation.
+
+Each function sends CUDA tensors to a Triton kernel and CPU tensors to its PyTorch reference;
+SPECDEC_KERNELS=triton|torch|auto overrides the choice (see dispatch.py).
+"""
+
+from kernels.attention_torch import tree_attention_torch
+from kernels.dispatch import backend_for
+from kernels.moe_torch import fused_moe_torch, moe_route_torch
+
+__all__ = ["moe_route", "fused_moe", "tree_attention", "backend_for"]
+
+
+def moe_route(router_logits, top_k: int, renormalize: bool):
+    """router_logits [T, E] -> (topk_weights [T, k] fp32, topk_ids [T, k] int64)."""
+    if backend_for(router_logits) == "triton":
+        from kernels.triton_moe import moe_route_triton
+
+        return moe_route_triton(router_logits, top_k, renormalize)
+    return moe_route_torch(router_logits, top_k, renormalize)
+
+
+def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids):
+    """x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], topk_* [T, k] -> [T, H]."""
+    if backend_for(x) == "triton":
+        from kernels.triton_moe import fused_moe_triton
+
+        return fused_moe_triton(x, w_gate_up, w_down, topk_weights, topk_ids)
+    return fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids)
+
+
+def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, scale=None):
+    """q [B, Hq, Tq, D] over k/v_cache [B, Hkv, S, D] -> [B, Hq, Tq, D]; see attention_torch."""
+    if backend_for(q) == "triton":
+        from kernels.triton_attention import tree_attention_triton
+
+        return tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, scale)
+    return tree_attention_torch(q, k_cache, v_cache, cache_lens, tree_mask, scale)

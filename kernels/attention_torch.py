@@ -1,0 +1,43 @@
+"""PyTorch tree attention: new tokens attend to their sequence's cached prefix and their tree ancestors."""
+
+import torch
+import torch.nn.functional as F
+
+# B = sequences, Tq = new tokens per sequence, S = cache capacity, Hq/Hkv = query/kv heads, D = head dim
+
+
+def tree_attention_torch(q, k_cache, v_cache, cache_lens, tree_mask=None, scale=None):
+    """Attention of new (tree) tokens over a KV cache that already holds their own keys.
+
+    q        [B, Hq, Tq, D]   queries of the new tokens
+    k_cache  [B, Hkv, S, D]   keys: positions < cache_lens[b] are the committed prefix, the
+    v_cache  [B, Hkv, S, D]   next Tq positions hold the new tokens' keys and values in order
+    cache_lens [B] ints       committed prefix length of each sequence
+    tree_mask [B, Tq, Tq] bool or None; mask[b, i, j] is True when new token j is an ancestor of
+              (or is) new token i. None means plain causal order among the new tokens.
+    Returns [B, Hq, Tq, D]. Grouped-query attention when Hq is a multiple of Hkv.
+    """
+    batch, _, num_new, _ = q.shape
+    outputs = []
+    for b in range(batch):
+        prefix = int(cache_lens[b])
+        keys = k_cache[b : b + 1, :, : prefix + num_new]
+        values = v_cache[b : b + 1, :, : prefix + num_new]
+        mask = _visible(prefix, num_new, None if tree_mask is None else tree_mask[b], q.device)
+        outputs.append(
+            F.scaled_dot_product_attention(
+                q[b : b + 1], keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+        )
+    return torch.cat(outputs, dim=0)
+
+
+def _visible(prefix: int, num_new: int, tree_mask, device):
+    """Boolean [Tq, prefix + Tq] visibility, or None when every key is visible (one new token)."""
+    if tree_mask is None:
+        if num_new == 1:
+            return None
+        tree_mask = torch.ones(num_new, num_new, dtype=torch.bool, device=device).tril_()
+    mask = torch.ones(num_new, prefix + num_new, dtype=torch.bool, device=device)
+    mask[:, prefix:] = tree_mask
+    return mask

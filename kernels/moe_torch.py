@@ -1,0 +1,41 @@
+"""PyTorch MoE routing and expert computation: the CPU path and the reference the Triton kernels are tested against."""
+
+import torch
+import torch.nn.functional as F
+
+# T = num_tokens, E = num_experts, H = hidden dim, I = expert intermediate dim, A = active experts (top_k)
+
+
+def moe_route_torch(router_logits: torch.Tensor, top_k: int, renormalize: bool):
+    """Softmax over experts in fp32, top-k, optional renormalisation -> (weights [T, A], ids [T, A])."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E]
+    weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, A]
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids):
+    """sum_a w[t, a] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = ids[t, a].
+
+    Tokens are grouped by expert so that every active expert runs one matmul over all its
+    tokens; experts with no tokens are skipped. x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I].
+    """
+    num_tokens, top_k = topk_ids.shape
+    num_experts = w_gate_up.shape[0]
+    flat_ids = topk_ids.reshape(-1)  # [T*A]
+    order = torch.argsort(flat_ids, stable=True)  # (token, slot) pairs sorted by expert
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    flat_weights = topk_weights.reshape(-1).to(x.dtype)
+    out = torch.zeros_like(x)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        pairs = order[start : start + count]
+        start += count
+        tokens = pairs // top_k
+        gate, up = F.linear(x[tokens], w_gate_up[expert]).chunk(2, dim=-1)  # [c, I] each
+        y = F.linear(F.silu(gate) * up, w_down[expert])  # [c, H]
+        out.index_add_(0, tokens, y * flat_weights[pairs, None])
+    return out

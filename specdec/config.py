@@ -1,0 +1,132 @@
+"""ModelConfig: the parts of a Hugging Face config.json that the one transformer implementation needs."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
+SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
+
+
+class ConfigError(ValueError):
+    """A config.json this project cannot run, with the reason in the message."""
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int  # < num_heads means grouped-query attention
+    head_dim: int
+    intermediate_size: int  # dense MLP width (drafts, and Qwen3-MoE's mlp_only_layers)
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # Qwen2 always has q/k/v bias; Llama when attention_bias is set
+    qk_norm: bool  # Qwen3's per-head RMSNorm on queries and keys
+    o_proj_bias: bool = False  # Llama's attention_bias covers o_proj too; Qwen2's bias does not
+    mlp_bias: bool = False  # Llama's mlp_bias
+    num_experts: int = 0  # 0: every layer dense
+    top_k: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # Mixtral always renormalises the top-k weights
+    sparse_layers: tuple = ()  # indices of the layers whose MLP is an MoE block
+    eos_token_ids: tuple = ()
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.sparse_layers)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "ModelConfig":
+        architecture = _architecture(raw)
+        hidden, heads = raw["hidden_size"], raw["num_attention_heads"]
+        num_layers = raw["num_hidden_layers"]
+        num_experts = raw.get("num_experts", raw.get("num_local_experts", 0)) or 0
+        if architecture not in MOE_ARCHITECTURES:
+            num_experts = 0
+        is_mixtral = architecture == "MixtralForCausalLM"
+        return cls(
+            architecture=architecture,
+            vocab_size=raw["vocab_size"],
+            hidden_size=hidden,
+            num_layers=num_layers,
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or hidden // heads,
+            intermediate_size=raw.get("intermediate_size", 0),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=_rope_theta(raw),
+            max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=architecture == "Qwen2ForCausalLM" or bool(raw.get("attention_bias")),
+            qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+            o_proj_bias=architecture != "Qwen2ForCausalLM" and bool(raw.get("attention_bias")),
+            mlp_bias=bool(raw.get("mlp_bias")),
+            num_experts=num_experts,
+            top_k=raw.get("num_experts_per_tok", 0) if num_experts else 0,
+            # Mixtral's experts use intermediate_size; Qwen3-MoE has a separate width.
+            moe_intermediate_size=(
+                raw.get("intermediate_size", 0) if is_mixtral else raw.get("moe_intermediate_size", 0)
+            ),
+            norm_topk_prob=True if is_mixtral else bool(raw.get("norm_topk_prob", False)),
+            sparse_layers=_sparse_layers(raw, architecture, num_layers, num_experts),
+            eos_token_ids=_as_tuple(raw.get("eos_token_id")),
+            raw=raw,
+        )
+
+    @classmethod
+    def from_file(cls, path) -> "ModelConfig":
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no config.json; expected a Hugging Face model directory") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{path}: not valid JSON ({err})") from None
+        try:
+            return cls.from_dict(raw)
+        except KeyError as err:
+            raise ConfigError(f"{path}: missing required field {err.args[0]!r}") from None
+
+
+def _architecture(raw: dict) -> str:
+    names = raw.get("architectures") or []
+    for name in names:
+        if name in SUPPORTED_ARCHITECTURES:
+            return name
+    raise ConfigError(
+        f"unsupported architecture {names or raw.get('model_type')!r}; "
+        f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def _rope_theta(raw: dict) -> float:
+    """rope_theta from transformers v4's top-level field or v5's rope_parameters."""
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise ConfigError(f"rope_type {rope_type!r} is not supported; only 'default' RoPE is")
+    return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+
+
+def _sparse_layers(raw, architecture, num_layers, num_experts) -> tuple:
+    if not num_experts:
+        return ()
+    if architecture == "MixtralForCausalLM":
+        return tuple(range(num_layers))
+    step = raw.get("decoder_sparse_step", 1) or 1
+    dense = set(raw.get("mlp_only_layers") or [])
+    return tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+
+
+def _as_tuple(value) -> tuple:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)

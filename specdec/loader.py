@@ -1,0 +1,155 @@
+"""Loading (and saving) Hugging Face checkpoint directories: config.json, safetensors, tokenizer.json.
+
+Per-expert checkpoint tensors (Qwen3-MoE's mlp.experts.{e}.gate_proj/up_proj/down_proj,
+Mixtral's block_sparse_moe.experts.{e}.w1/w3/w2) are stacked into the fused layout the kernels
+read: gate_up [E, 2I, H] (gate rows first) and down [E, H, I]. transformers v5's fused names
+load as they are.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from specdec.config import ModelConfig
+from specdec.model import SparseMoeBlock, Transformer
+
+_PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
+_EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory whose files disagree with its config, with the details in the message."""
+
+
+def load_model(path, dtype=torch.float32, device="cpu") -> Transformer:
+    """An HF-layout directory -> Transformer in eval mode, with .tokenizer when tokenizer.json exists."""
+    path = Path(path)
+    dtype = _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a directory; expected a Hugging Face model directory")
+    cfg = ModelConfig.from_file(path / "config.json")
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    tensors = _read_tensors(path, cfg, expected, dtype, device)
+    model.load_state_dict(tensors, strict=False, assign=True)
+    model.tie_weights()
+    for module in model.modules():
+        if isinstance(module, SparseMoeBlock):
+            module.tokens_per_expert = torch.zeros(cfg.num_experts, dtype=torch.long, device=device)
+    model.tokenizer = _load_tokenizer(path)
+    model.path = path
+    return model.eval()
+
+
+def _read_tensors(path: Path, cfg: ModelConfig, expected: dict, dtype, device) -> dict:
+    tensors, experts, unexpected = {}, {}, []
+    for name, tensor in _iter_checkpoint(path):
+        name = name.replace(".block_sparse_moe.", ".mlp.")
+        match = _PER_EXPERT.match(name)
+        if match and match.group(3) in _EXPERT_PART:
+            prefix, expert, part = match.group(1), int(match.group(2)), _EXPERT_PART[match.group(3)]
+            experts.setdefault(prefix, {})[(expert, part)] = tensor
+        elif name in expected:
+            tensors[name] = tensor
+        elif not (name == "lm_head.weight" and cfg.tie_word_embeddings):
+            unexpected.append(name)
+    for prefix, parts in experts.items():
+        tensors.update(_stack_experts(prefix, parts, cfg.num_experts, unexpected))
+    problems = _problems(expected, tensors, unexpected)
+    if problems:
+        raise CheckpointError(f"{path}: checkpoint does not match config.json:\n  " + "\n  ".join(problems))
+    return {k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}
+
+
+def _stack_experts(prefix: str, parts: dict, num_experts: int, unexpected: list) -> dict:
+    """Per-expert {(e, 'gate'|'up'|'down'): tensor} -> the two stacked parameters, if complete."""
+    for expert, part in parts:
+        if expert >= num_experts:
+            unexpected.append(f"{prefix}.{expert}.{part}")
+    complete = all((e, p) in parts for e in range(num_experts) for p in ("gate", "up", "down"))
+    if not complete:
+        missing = [f"{prefix}.{e}.{p}" for e in range(num_experts) for p in ("gate", "up", "down") if (e, p) not in parts]
+        unexpected.extend(f"(missing) {m}" for m in missing)
+        return {}
+    try:
+        gate_up = torch.stack([torch.cat([parts[(e, "gate")], parts[(e, "up")]]) for e in range(num_experts)])
+        down = torch.stack([parts[(e, "down")] for e in range(num_experts)])
+    except RuntimeError as err:
+        unexpected.append(f"{prefix}: expert tensors of different shapes ({err})")
+        return {}
+    return {f"{prefix}.gate_up_proj": gate_up, f"{prefix}.down_proj": down}
+
+
+def _problems(expected: dict, tensors: dict, unexpected: list) -> list:
+    problems = [f"missing tensor {n} {tuple(s)}" for n, s in expected.items() if n not in tensors]
+    problems += [f"unexpected tensor {n}" for n in unexpected]
+    problems += [
+        f"shape of {n}: checkpoint {tuple(t.shape)}, config wants {tuple(expected[n])}"
+        for n, t in tensors.items()
+        if n in expected and tuple(t.shape) != tuple(expected[n])
+    ]
+    return problems
+
+
+def _iter_checkpoint(path: Path):
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({err})") from None
+        files = sorted(set(weight_map.values()))
+    elif (path / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
+    for file in files:
+        try:
+            with safe_open(path / file, framework="pt") as handle:
+                for name in handle.keys():
+                    yield name, handle.get_tensor(name)
+        except (OSError, RuntimeError, ValueError) as err:
+            raise CheckpointError(f"{path / file}: cannot read safetensors file ({err})") from None
+
+
+def _load_tokenizer(path: Path):
+    file = path / "tokenizer.json"
+    if not file.exists():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(file))
+
+
+def save_model(model: Transformer, path, raw_config: dict) -> None:
+    """Write config.json and model.safetensors in the per-expert layout transformers reads."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name[: -len(".gate_up_proj")]
+            for e, stacked in enumerate(tensor):
+                gate, up = stacked.chunk(2)
+                tensors[f"{prefix}.{e}.gate_proj.weight"] = gate
+                tensors[f"{prefix}.{e}.up_proj.weight"] = up
+        elif name.endswith("mlp.experts.down_proj"):
+            prefix = name[: -len(".down_proj")]
+            for e, down in enumerate(tensor):
+                tensors[f"{prefix}.{e}.down_proj.weight"] = down
+        else:
+            tensors[name] = tensor
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(raw_config, indent=2) + "\n")

@@ -1,0 +1,211 @@
+"""One decoder-only transformer covering Llama, Qwen2, Qwen3 (dense) and Qwen3-MoE, Mixtral (MoE).
+
+Module names mirror the Hugging Face checkpoints (transformers v5's fused expert layout), so
+loading is a plain mapping. The forward takes a flat batch of new tokens from several sequences
+(segments), each with its own KV cache and an optional tree mask.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+from specdec.config import ModelConfig
+from specdec.kvcache import KVCache
+
+# N = new tokens in the flat batch, H = hidden, Hq/Hkv = heads, D = head dim, E = experts
+
+
+@dataclass
+class Segment:
+    """The new tokens of one sequence inside a flat batch (they are contiguous, in segment order)."""
+
+    cache: KVCache
+    length: int
+    tree_mask: torch.Tensor | None = None  # [length, length] bool, ancestor-or-self; None = causal
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        # Normalise in fp32 as the reference implementations do, so bf16/fp16 agree with them.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(positions, head_dim: int, theta: float, dtype):
+    """cos, sin [N, D] for rotate-half RoPE at the given positions."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    freqs = positions.float()[:, None] * inv_freq[None]  # [N, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """x [N, heads, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer, self.cfg = layer, cfg
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_proj_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, segments):
+        n, cfg = x.shape[0], self.cfg
+        q = self.q_proj(x).view(n, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        outputs, start = [], 0
+        for seg in segments:
+            end = start + seg.length
+            seg.cache.write(self.layer, k[start:end].transpose(0, 1), v[start:end].transpose(0, 1))
+            out = kernels.tree_attention(
+                q[start:end].transpose(0, 1)[None],  # [1, Hq, n, D]
+                seg.cache.keys[self.layer],
+                seg.cache.values[self.layer],
+                (seg.cache.length,),
+                None if seg.tree_mask is None else seg.tree_mask[None],
+            )
+            outputs.append(out[0].transpose(0, 1).reshape(seg.length, -1))
+            start = end
+        return self.o_proj(outputs[0] if len(outputs) == 1 else torch.cat(outputs))
+
+
+class DenseMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Experts(nn.Module):
+    """All experts stacked, the layout the fused kernels read."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))  # [E, 2I, H]
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))  # [E, H, I]
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.top_k, self.renormalize = cfg.top_k, cfg.norm_topk_prob
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        # Tokens routed to each expert since the last reset, for load-imbalance reports.
+        self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts, dtype=torch.long), persistent=False)
+
+    def forward(self, x):
+        weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)  # [N, A] each
+        self.tokens_per_expert += torch.bincount(ids.reshape(-1), minlength=self.tokens_per_expert.numel())
+        return kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        sparse = layer in cfg.sparse_layers
+        self.mlp = SparseMoeBlock(cfg) if sparse else DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+
+    def forward(self, x, cos, sin, segments):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, segments)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderStack(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tokenizer = None
+        self.path = None
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def dtype(self):
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self):
+        return self.model.embed_tokens.weight.device
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        cfg = self.config
+        return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=self.dtype, device=self.device, capacity=capacity)
+
+    @torch.inference_mode()
+    def forward(self, input_ids, positions, segments, logits_rows=None):
+        """input_ids, positions [N] -> logits [len(logits_rows) or N, vocab] (fp32).
+
+        Writes the new tokens' keys and values into each segment's cache as pending entries;
+        the caller keeps or drops them (KVCache.keep / keep_all).
+        """
+        for seg in segments:
+            seg.cache.reserve(seg.length)
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, segments)
+        if logits_rows is not None:
+            x = x[logits_rows]
+        return self.lm_head(self.model.norm(x)).float()
+
+    def logits(self, input_ids):
+        """LongTensor [B, T] -> FloatTensor [B, T, vocab]; plain causal, no cache kept."""
+        batch, length = input_ids.shape
+        segments = [Segment(self.new_cache(length), length) for _ in range(batch)]
+        positions = torch.arange(length, device=input_ids.device).repeat(batch)
+        return self(input_ids.reshape(-1), positions, segments).view(batch, length, -1)
+
+    def expert_load(self) -> torch.Tensor:
+        """[num_moe_layers, E] tokens routed to each expert since the last reset."""
+        blocks = [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
+        if not blocks:
+            return torch.zeros(0, 0, dtype=torch.long)
+        return torch.stack([b.tokens_per_expert for b in blocks])
+
+    def reset_expert_load(self) -> None:
+        for m in self.modules():
+            if isinstance(m, SparseMoeBlock):
+                m.tokens_per_expert.zero_()

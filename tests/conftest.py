@@ -1,0 +1,50 @@
+"""Shared fixtures: tiny real checkpoints written by transformers (offline, from configs)."""
+
+import pytest
+import torch
+
+COMMON = dict(vocab_size=97, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, intermediate_size=48, max_position_embeddings=256)
+
+
+def tiny_hf_model(arch: str):
+    """A random transformers model of the given architecture, small enough for CPU tests."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if arch == "llama":
+        cfg = tf.LlamaConfig(**COMMON, attention_bias=True, tie_word_embeddings=True)
+        return tf.LlamaForCausalLM(cfg)
+    if arch == "qwen2":
+        return tf.Qwen2ForCausalLM(tf.Qwen2Config(**COMMON, rope_theta=5000.0))
+    if arch == "qwen3":
+        return tf.Qwen3ForCausalLM(tf.Qwen3Config(**COMMON, head_dim=16, tie_word_embeddings=True))
+    if arch == "qwen3_moe":
+        cfg = tf.Qwen3MoeConfig(**COMMON, head_dim=8, num_experts=6, num_experts_per_tok=2,
+                                moe_intermediate_size=16, norm_topk_prob=True, decoder_sparse_step=1,
+                                mlp_only_layers=[1])
+        return tf.Qwen3MoeForCausalLM(cfg)
+    if arch == "mixtral":
+        cfg = tf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)
+        return tf.MixtralForCausalLM(cfg)
+    raise ValueError(arch)
+
+
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory):
+    """{arch: (directory, transformers model)} for the five supported architectures."""
+    out = {}
+    for arch in ARCHS:
+        model = tiny_hf_model(arch).eval()
+        # Random init leaves norms at 1; perturb them so that a missing weight would show.
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.add_(0.1 * torch.randn_like(p))
+        directory = tmp_path_factory.mktemp(arch)
+        model.save_pretrained(directory)
+        out[arch] = (directory, model)
+    return out

@@ -1,0 +1,94 @@
+"""Our transformer against transformers' own on tiny random checkpoints of every supported architecture."""
+
+import pytest
+import torch
+
+from specdec import Segment, load_model
+from tests.conftest import ARCHS
+
+
+def _rel_err(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_transformers(hf_checkpoints, arch):
+    directory, reference = hf_checkpoints[arch]
+    model = load_model(directory)
+    ids = torch.randint(0, 97, (2, 19), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference(ids).logits
+    assert _rel_err(model.logits(ids), expected) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2"])
+def test_cached_decoding_matches_causal_forward(hf_checkpoints, arch):
+    model = load_model(hf_checkpoints[arch][0])
+    ids = torch.randint(0, 97, (1, 16), generator=torch.Generator().manual_seed(2))
+    full = model.logits(ids)[0]
+    cache = model.new_cache(capacity=4)  # small, so that growing is exercised
+    pieces = []
+    for start, end in [(0, 7), (7, 8), (8, 12), (12, 13), (13, 16)]:
+        chunk = ids[0, start:end]
+        pieces.append(model(chunk, torch.arange(start, end), [Segment(cache, end - start)]))
+        cache.keep_all()
+    assert _rel_err(torch.cat(pieces), full) < 1e-4
+
+
+def test_tree_forward_matches_each_path(hf_checkpoints):
+    """A tree with two branches after a prefix gives each node the logits of its own path."""
+    model = load_model(hf_checkpoints["qwen3_moe"][0])
+    gen = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, 97, (6,), generator=gen)
+    # nodes: 0 root; 1 child of 0; 2 child of 1; 3 child of 0 (second branch); 4 child of 3
+    tokens = torch.randint(0, 97, (5,), generator=gen)
+    parents = [-1, 0, 1, 0, 3]
+    depth = [0, 1, 2, 1, 2]
+    mask = torch.zeros(5, 5, dtype=torch.bool)
+    for i in range(5):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    cache = model.new_cache()
+    model(prefix, torch.arange(6), [Segment(cache, 6)])
+    cache.keep_all()
+    tree_logits = model(tokens, 6 + torch.tensor(depth), [Segment(cache, 5, mask)])
+    for leaf, path in [(2, [0, 1, 2]), (4, [0, 3, 4])]:
+        seq = torch.cat([prefix, tokens[path]])[None]
+        causal = model.logits(seq)[0, 6:]
+        assert _rel_err(tree_logits[path], causal) < 1e-4, leaf
+    # Keeping the second branch leaves a cache equal to prefilling that path.
+    cache.keep([0, 3, 4])
+    nxt = torch.tensor([5])
+    after = model(nxt, torch.tensor([9]), [Segment(cache, 1)])
+    seq = torch.cat([prefix, tokens[[0, 3, 4]], nxt])[None]
+    assert _rel_err(after[0], model.logits(seq)[0, -1]) < 1e-4
+
+
+def test_batched_segments_match_alone(hf_checkpoints):
+    model = load_model(hf_checkpoints["mixtral"][0])
+    gen = torch.Generator().manual_seed(4)
+    a, b = torch.randint(0, 97, (9,), generator=gen), torch.randint(0, 97, (4,), generator=gen)
+    ca, cb = model.new_cache(), model.new_cache()
+    both = model(torch.cat([a, b]), torch.cat([torch.arange(9), torch.arange(4)]), [Segment(ca, 9), Segment(cb, 4)])
+    assert _rel_err(both[:9], model.logits(a[None])[0]) < 1e-4
+    assert _rel_err(both[9:], model.logits(b[None])[0]) < 1e-4
+
+
+def test_dtype_conversion(hf_checkpoints):
+    directory, _ = hf_checkpoints["qwen3_moe"]
+    model = load_model(directory, dtype=torch.bfloat16)
+    assert model.dtype == torch.bfloat16
+    ids = torch.randint(0, 97, (1, 8))
+    ref = load_model(directory).logits(ids)
+    assert _rel_err(model.logits(ids), ref) < 5e-2
+
+
+def test_expert_load_counts_tokens(hf_checkpoints):
+    model = load_model(hf_checkpoints["qwen3_moe"][0])
+    model.reset_expert_load()
+    model.logits(torch.randint(0, 97, (1, 10)))
+    load = model.expert_load()
+    assert load.shape == (2, 6)  # layers 0 and 2 are sparse, 1 is in mlp_only_layers
+    assert load.sum(dim=1).tolist() == [20, 20]  # 10 tokens x top-2
