@@ -1,0 +1,100 @@
+"""Units of code that repeat, extracted from one file with its syntax tree.
+
+A unit is a piece of one line that starts at a syntactic boundary: the statement itself
+(the line after its indentation), and every call, member-access chain, constructor or path
+that starts on the line, each also from after every dot in its chain. A unit ends at a
+natural boundary: the end of the line or statement, a top-level comma or semicolon, or the
+bracket that closes around it. Lines also record which line follows which, for proposals at
+the start of a line.
+"""
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from prefixcache import grammars
+
+MAX_UNIT_CHARS = 96  # longer continuations are left to the draft model
+MAX_LINE_BYTES = 1000  # lines longer than this are data or minified code, not units
+_OPEN, _CLOSE = b"([{", b")]}"
+_DOT_FIELD = re.compile(rb"\.\s*(?=[A-Za-z_$])")
+
+
+@dataclass
+class FileUnits:
+    units: Counter = field(default_factory=Counter)  # unit text -> occurrences in the file
+    follows: Counter = field(default_factory=Counter)  # (previous line, line) -> occurrences
+    parsed: bool = False  # False: the line-based fallback was used
+
+
+def extract(path: str, text: str) -> FileUnits:
+    source = text.encode("utf-8", errors="replace")
+    lines = source.split(b"\n")
+    result = FileUnits()
+    _line_units(lines, result)
+    language = grammars.language_for(path)
+    if language is not None:
+        try:
+            tree = grammars.parser(language).parse(source)
+            _tree_units(language, tree, lines, result)
+            result.parsed = True
+        except (ValueError, RuntimeError):  # a grammar that cannot handle the file: lines only
+            pass
+    return result
+
+
+def _line_units(lines, result: FileUnits) -> None:
+    previous = None
+    for raw in lines:
+        if len(raw) > MAX_LINE_BYTES:
+            previous = None
+            continue
+        stripped = raw.strip()
+        if not stripped:
+            continue
+        line = stripped.decode("utf-8", errors="replace")[:MAX_UNIT_CHARS]
+        result.units[line] += 1
+        if previous is not None:
+            result.follows[(previous, line)] += 1
+        previous = line
+
+
+def _tree_units(language, tree, lines, result: FileUnits) -> None:
+    found = grammars.captures(language, tree.root_node)
+    opaque_rows = {n.start_point[0] for n in found.get("opaque", ()) if n.start_point[0] != n.end_point[0]}
+    starts = set()
+    for node in found.get("unit", ()):
+        row, col = node.start_point
+        if row not in opaque_rows:
+            starts.add((row, col))
+    for row, col in starts:
+        line = lines[row]
+        if len(line) > MAX_LINE_BYTES or col == 0 or not line[:col].strip():
+            continue  # the statement start is already a line unit
+        end = unit_end(line, col)
+        piece = line[col:end]
+        _add(result, piece)
+        for match in _DOT_FIELD.finditer(piece):
+            _add(result, piece[match.end() :])
+
+
+def _add(result: FileUnits, piece: bytes) -> None:
+    piece = piece.rstrip()
+    if len(piece) >= 2:
+        result.units[piece.decode("utf-8", errors="replace")[:MAX_UNIT_CHARS]] += 1
+
+
+def unit_end(line: bytes, start: int) -> int:
+    """Where a unit that starts at `start` ends: a top-level , or ; the closing bracket around it, or the line end."""
+    depth = 0
+    for i in range(start, len(line)):
+        c = line[i]
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+            if depth < 0:
+                return i
+        elif depth == 0 and c in b",;":
+            return i
+    return len(line)

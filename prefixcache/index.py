@@ -1,0 +1,181 @@
+"""Index: a repository's units in a static marisa trie plus a mutable overlay, and proposals from them."""
+
+import itertools
+import time
+from collections import Counter
+from pathlib import Path, PurePosixPath
+
+from prefixcache import propose as proposer
+from prefixcache.build import MULTI_FILE, build_tables, content_hash, merge_units
+from prefixcache.extract import extract
+from prefixcache.files import list_files, read_source
+from prefixcache.overlay import Overlay
+from prefixcache.store import StaticIndex, read_manifest, write_index
+
+COMPACT_UNITS = 50_000  # overlay units beyond which update() folds the overlay into a new trie
+
+
+class Index:
+    def __init__(self, root: Path, static: StaticIndex, files: list[dict], summary: dict):
+        self.root = Path(root).resolve()
+        self.static = static
+        self.files = files  # [{path, hash, chars, parsed}], position = file index in the arrays
+        self.file_index = {f["path"]: i for i, f in enumerate(files)}
+        self.summary = summary
+        self.overlay = Overlay()
+
+    # building, loading, saving ------------------------------------------------------------
+
+    @classmethod
+    def build(cls, repo, workers: int | None = None, progress: bool = False, exclude=()) -> "Index":
+        root = Path(repo).resolve()
+        if not root.is_dir():
+            raise FileNotFoundError(f"{repo}: not a directory")
+        started = time.perf_counter()
+        units, follows, files, skipped, listed = build_tables(root, workers, progress, tuple(exclude))
+        static = StaticIndex.build(units, follows)
+        summary = {"exclude": list(exclude), "listed": listed, "indexed": len(files), "skipped": dict(skipped), "units": len(static.trie),
+                   "follow_pairs": int(len(static.follow_ids)), "source_chars": sum(f["chars"] for f in files),
+                   "build_seconds": round(time.perf_counter() - started, 3), "built_at": time.time()}
+        return cls(root, static, files, summary)
+
+    @classmethod
+    def load(cls, directory) -> "Index":
+        manifest = read_manifest(Path(directory))
+        static = StaticIndex.load(Path(directory), manifest.get("data", {}))
+        return cls(Path(manifest["root"]), static, manifest["files"], manifest.get("summary", {}))
+
+    def save(self, directory) -> None:
+        if len(self.overlay) or self.overlay.tombstones:
+            self.compact()
+        manifest = {"root": str(self.root), "files": self.files, "summary": self.summary}
+        write_index(Path(directory), self.static, manifest)
+
+    # updating -----------------------------------------------------------------------------
+
+    def relative(self, path) -> str:
+        """A repository-relative POSIX path for a relative or absolute (inside the root) path."""
+        p = Path(path)
+        if p.is_absolute():
+            try:
+                p = p.resolve().relative_to(self.root)
+            except ValueError:
+                raise ValueError(f"{path}: outside the indexed repository {self.root}") from None
+        rel = PurePosixPath(p.as_posix())
+        if ".." in rel.parts:
+            raise ValueError(f"{path}: escapes the indexed repository")
+        return str(rel)
+
+    def update(self, path, text: str) -> None:
+        """Replace the file's units with those of `text`; visible to the very next proposal."""
+        rel = self.relative(path)
+        self._tombstone(rel)
+        self.overlay.add(rel, extract(rel, text))
+        if len(self.overlay) > COMPACT_UNITS:
+            self.compact()
+
+    def remove(self, path) -> None:
+        rel = self.relative(path)
+        self._tombstone(rel)
+        self.overlay.remove(rel)
+
+    def _tombstone(self, rel: str) -> None:
+        i = self.file_index.get(rel)
+        if i is not None:
+            self.overlay.tombstones.add(i)
+
+    def refresh(self, progress: bool = False) -> dict:
+        """Re-read the repository, updating only files whose content hash changed."""
+        seen, changed, skipped = set(), 0, Counter()
+        for rel in list_files(self.root, tuple(self.summary.get("exclude", ()))):
+            text = read_source(self.root, rel, skipped)
+            if text is None:
+                continue
+            seen.add(rel)
+            i = self.file_index.get(rel)
+            known = i is not None and i not in self.overlay.tombstones and self.files[i]["hash"] == content_hash(text)
+            if not known and rel not in self.overlay.per_file:
+                self.update(rel, text)
+                changed += 1
+        removed = [f["path"] for f in self.files if f["path"] not in seen]
+        for rel in removed:
+            self.remove(rel)
+        return {"changed": changed, "removed": len(removed), "unchanged": len(seen) - changed}
+
+    def compact(self) -> None:
+        """Fold the overlay into a fresh static trie (a full rebuild of the trie, not of the sources)."""
+        keep = [i for i in range(len(self.files)) if i not in self.overlay.tombstones]
+        remap = {old: new for new, old in enumerate(keep)}
+        files = [self.files[i] for i in keep]
+        units = {}
+        for text, kid in self.static.trie.iteritems():
+            count, owner = self._static_entry(kid)
+            if count:
+                base = owner & ~MULTI_FILE
+                units[text] = [count, remap.get(base, 0) | (owner & MULTI_FILE)]
+        follows = Counter()
+        for prev, kid in self.static.trie.iteritems():
+            lo, hi = int(self.static.follow_offsets[kid]), int(self.static.follow_offsets[kid + 1])
+            for nid, count in zip(self.static.follow_ids[lo:hi], self.static.follow_counts[lo:hi]):
+                follows[(prev, self.static.trie.restore_key(int(nid)))] += int(count)
+        for rel, found in self.overlay.per_file.items():
+            files.append({"path": rel, "hash": "", "chars": 0, "parsed": found.parsed})
+            merge_units(units, found.units, len(files) - 1)
+            follows.update(found.follows)
+        self.static = StaticIndex.build(units, follows)
+        self.files = files
+        self.file_index = {f["path"]: i for i, f in enumerate(files)}
+        self.overlay = Overlay()
+
+    # proposing ----------------------------------------------------------------------------
+
+    def propose(self, text_before_cursor: str, path=None, k: int = 8) -> list:
+        """Up to k continuations of the unit under the cursor, best first (see propose.py)."""
+        rel = self.relative(path) if path else None
+        typed, previous = proposer.cursor_context(text_before_cursor)
+        entries = []
+        if previous is not None:
+            for line, count, source in self._following(previous):
+                if line.startswith(typed) and len(line) > len(typed):
+                    entries.append((line[len(typed) :], count, source, 4.0 + len(typed) / 4))
+        for start in proposer.unit_starts(typed, rel):
+            partial = typed[start:]
+            if not partial:
+                continue
+            weight = 1.0 + len(partial) / 8 + (1.0 if start == 0 else 0.0)
+            for unit, count, source in self._with_prefix(partial):
+                entries.append((unit[len(partial) :], count, source, weight))
+        return proposer.rank(entries, rel, k)
+
+    def _static_entry(self, kid: int):
+        count, owner = int(self.static.counts[kid]), int(self.static.file_of[kid])
+        if not owner & MULTI_FILE and owner in self.overlay.tombstones:
+            return 0, owner
+        return count, owner
+
+    def _source(self, owner: int):
+        i = owner & ~MULTI_FILE
+        return self.files[i]["path"] if i < len(self.files) else None
+
+    def _with_prefix(self, partial: str):
+        trie, seen = self.static.trie, set()
+        for tier in self.static.tiers:
+            seen.update(itertools.islice(tier.iterkeys(partial), proposer.PER_TIER))
+        seen.update(itertools.islice(trie.iterkeys(partial), proposer.PER_PARTIAL))
+        for unit in seen:
+            count, owner = self._static_entry(trie.key_id(unit))
+            if count:
+                yield unit, count, self._source(owner)
+        yield from self.overlay.with_prefix(partial, proposer.PER_PARTIAL)
+
+    def _following(self, previous: str):
+        kid = self.static.trie.get(previous)
+        if kid is not None:
+            lo, hi = int(self.static.follow_offsets[kid]), int(self.static.follow_offsets[kid + 1])
+            for nid, count in zip(self.static.follow_ids[lo:hi].tolist(), self.static.follow_counts[lo:hi].tolist()):
+                ncount, owner = self._static_entry(nid)
+                if ncount:
+                    yield self.static.trie.restore_key(nid), count, self._source(owner)
+        for line, count in self.overlay.follows.get(previous, {}).items():
+            if count > 0:
+                yield line, count, self.overlay.unit_file.get(line)

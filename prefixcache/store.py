@@ -1,0 +1,176 @@
+"""The static index on disk: a marisa trie of units plus count, file and line-follows arrays.
+
+Layout of an index directory (all written to a temporary directory, then renamed into place):
+  manifest.json   format version, repository root, files with content hashes, build time,
+                  and the size and hash of every data file (to refuse truncated or corrupt ones)
+  units.marisa    unit text -> key id (memory-mapped)
+  arrays.npz      (compressed; small enough to read whole)
+    counts        [n] uint16 occurrences of each unit (saturating)
+    file_of       [n] uint32 index into manifest files of one file the unit occurs in, with
+                  MULTI_FILE set when it occurs in others too
+    follow_degree [n] uint16, follow_ids [m] uint32, follow_counts [m] uint16: for each line,
+                  the lines that follow it somewhere (CSR, offsets rebuilt from the degrees)
+
+Not every unit is kept: the trie holds what repeats (two or more occurrences) and short unique
+units; long unique lines (mostly one-off statements and prose) would triple the index for
+little gain, and the overlay keeps everything of the files being edited.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import marisa_trie
+import numpy as np
+
+FORMAT_VERSION = 1
+TIER_MIN_COUNTS = (64, 8)  # frequent units again in small tries, so a prefix search meets them first
+DATA_FILES = ("units.marisa", "arrays.npz") + tuple(f"tier{i}.marisa" for i in range(len(TIER_MIN_COUNTS)))
+_ARRAYS = ("counts", "file_of", "follow_ids", "follow_counts")
+MAX_UNIQUE_UNIT_CHARS = 40
+
+
+def keep_unit(text: str, count: int) -> bool:
+    return count >= 2 or (len(text) <= MAX_UNIQUE_UNIT_CHARS and not text.startswith(("#", "//")))
+
+
+class IndexFormatError(ValueError):
+    """An index directory that cannot be used, with the reason."""
+
+
+@dataclass
+class StaticIndex:
+    trie: marisa_trie.Trie
+    counts: np.ndarray
+    file_of: np.ndarray
+    follow_offsets: np.ndarray
+    follow_ids: np.ndarray
+    follow_counts: np.ndarray
+    tiers: tuple = ()  # marisa tries of the units with at least TIER_MIN_COUNTS[i] occurrences
+
+    @classmethod
+    def build(cls, units: dict, follows: dict) -> "StaticIndex":
+        """units: text -> (count, file index); follows: (previous line, line) -> count."""
+        keys = [k for k, (count, _) in units.items() if keep_unit(k, count)]
+        counts_list = [units[k][0] for k in keys]
+        trie = marisa_trie.Trie(keys, weights=counts_list)
+        n = len(trie)
+        counts = np.zeros(n, dtype=np.uint16)
+        file_of = np.zeros(n, dtype=np.uint32)
+        ids = np.fromiter((trie.key_id(k) for k in keys), dtype=np.int64, count=len(keys))
+        counts[ids] = np.minimum(np.array(counts_list, dtype=np.int64), 65535)
+        file_of[ids] = np.fromiter((units[k][1] for k in keys), dtype=np.int64, count=len(keys))
+        offsets, follow_ids, follow_counts = _follow_arrays(trie, follows, n)
+        # marisa's predictive search walks heavy subtrees first, not heavy keys, so a short
+        # prefix (`self.`) would meet rare units first; the tiers put frequent ones up front.
+        tiers = tuple(marisa_trie.Trie([k for k, c in zip(keys, counts_list) if c >= m]) for m in TIER_MIN_COUNTS)
+        return cls(trie, counts, file_of, offsets, follow_ids, follow_counts, tiers)
+
+    def save(self, directory: Path) -> dict:
+        """Writes the data files; returns {name: {size, blake2b}} for the manifest."""
+        self.trie.save(str(directory / "units.marisa"))
+        for i, tier in enumerate(self.tiers):
+            tier.save(str(directory / f"tier{i}.marisa"))
+        degree = np.diff(self.follow_offsets.astype(np.int64)).astype(np.uint16)
+        with open(directory / "arrays.npz", "wb") as handle:
+            np.savez_compressed(handle, follow_degree=degree, **{name: getattr(self, name) for name in _ARRAYS})
+        return {name: _file_digest(directory / name) for name in DATA_FILES}
+
+    @classmethod
+    def load(cls, directory: Path, digests: dict) -> "StaticIndex":
+        for name in DATA_FILES:
+            path = directory / name
+            if not path.exists():
+                raise IndexFormatError(f"{directory}: missing {name}; rebuild the index")
+            expected = digests.get(name)
+            if expected is None or _file_digest(path) != expected:
+                raise IndexFormatError(f"{directory}: {name} is truncated or corrupt; rebuild the index")
+        trie = marisa_trie.Trie()
+        trie.mmap(str(directory / "units.marisa"))
+        try:
+            with np.load(directory / "arrays.npz") as data:
+                arrays = {name: data[name] for name in _ARRAYS}
+                degree = data["follow_degree"].astype(np.uint32)
+        except (KeyError, ValueError, OSError) as err:
+            raise IndexFormatError(f"{directory}: arrays.npz is unreadable ({err}); rebuild the index") from None
+        offsets = np.zeros(len(degree) + 1, dtype=np.uint32)
+        np.cumsum(degree, out=offsets[1:])
+        tiers = []
+        for i in range(len(TIER_MIN_COUNTS)):
+            tiers.append(marisa_trie.Trie())
+            tiers[-1].mmap(str(directory / f"tier{i}.marisa"))
+        index = cls(trie, follow_offsets=offsets, tiers=tuple(tiers), **arrays)
+        n = len(trie)
+        if len(index.counts) != n or len(index.file_of) != n or len(offsets) != n + 1 or offsets[-1] != len(index.follow_ids):
+            raise IndexFormatError(f"{directory}: data files disagree in length; rebuild the index")
+        return index
+
+
+MAX_FOLLOWERS = 64  # per line, the most frequent followers; also bounds a proposal's work
+
+
+def _follow_arrays(trie, follows: dict, n: int):
+    by_prev = {}
+    for (prev, line), count in follows.items():
+        a, b = trie.get(prev), trie.get(line)
+        if a is not None and b is not None:
+            by_prev.setdefault(a, []).append((count, b))
+    degree = np.zeros(n, dtype=np.uint32)
+    follow_ids, follow_counts = [], []
+    for prev in sorted(by_prev):
+        best = sorted(by_prev[prev], reverse=True)[:MAX_FOLLOWERS]
+        degree[prev] = len(best)
+        follow_ids.extend(b for _, b in best)
+        follow_counts.extend(min(c, 65535) for c, _ in best)
+    offsets = np.zeros(n + 1, dtype=np.uint32)
+    np.cumsum(degree, out=offsets[1:])
+    return offsets, np.array(follow_ids, dtype=np.uint32), np.array(follow_counts, dtype=np.uint16)
+
+
+def _file_digest(path: Path) -> dict:
+    data = path.read_bytes()
+    return {"size": len(data), "blake2b": hashlib.blake2b(data, digest_size=16).hexdigest()}
+
+
+def write_index(directory: Path, static: StaticIndex, manifest: dict) -> None:
+    """Write into a sibling temporary directory, then rename it into place."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        manifest = dict(manifest, format_version=FORMAT_VERSION, data=static.save(tmp), saved_at=time.time())
+        (tmp / "manifest.json").write_text(json.dumps(manifest))
+        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+        if directory.exists():
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_manifest(directory: Path) -> dict:
+    directory = Path(directory)
+    path = directory / "manifest.json"
+    if not directory.is_dir():
+        raise IndexFormatError(f"{directory}: no index here (not a directory); build one with `prefixcache index`")
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise IndexFormatError(f"{directory}: no manifest.json; not an index or an interrupted build") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise IndexFormatError(f"{directory}: manifest.json is corrupt; rebuild the index") from None
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if not isinstance(version, int):
+        raise IndexFormatError(f"{directory}: manifest.json has no format version; rebuild the index")
+    if version > FORMAT_VERSION:
+        raise IndexFormatError(f"{directory}: index format {version} is newer than this version reads ({FORMAT_VERSION}); upgrade")
+    if version < FORMAT_VERSION:
+        raise IndexFormatError(f"{directory}: index format {version} is older than {FORMAT_VERSION}; rebuild the index")
+    return manifest

@@ -1,0 +1,137 @@
+"""Building, proposing, updating and saving an index of a tiny real repository."""
+
+import subprocess
+
+import pytest
+
+from prefixcache import Index, IndexFormatError
+from prefixcache.cli import main as cli
+
+SERVICE = """import redis
+
+class Cache:
+    def __init__(self, url):
+        self.redis_client = redis.Redis.from_url(url)
+
+    def touch(self, key, ttl):
+        self.redis_client.expire(key, ttl)
+        self.redis_client.expire(key, ttl)
+
+    def drop(self, key):
+        self.redis_client.delete(key)
+        return True
+"""
+OTHER = """def helper(x):
+    value = compute(x)
+    return value
+"""
+
+
+@pytest.fixture
+def repo(tmp_path):
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "cache.py").write_text(SERVICE)
+    (root / "pkg" / "util.py").write_text(OTHER)
+    (root / "other").mkdir()
+    (root / "other" / "far.py").write_text("def helper(x):\n    value = far_away(x)\n")
+    return root
+
+
+def texts(candidates):
+    return [c.text for c in candidates]
+
+
+def test_mid_identifier_after_receiver_and_line_start(repo):
+    idx = Index.build(repo, workers=1)
+    assert "ient.expire(key, ttl)" in texts(idx.propose("    x = self.redis_cl", path="pkg/new.py"))
+    assert texts(idx.propose("        self.redis_client.", path="pkg/new.py"))[0] == "expire(key, ttl)"
+    # A line start: what followed `def helper(x):` elsewhere; the same directory ranks first.
+    top = idx.propose("def helper(x):\n    ", path="pkg/new.py")
+    assert top[0].text == "value = compute(x)" and top[0].source == "pkg/util.py"
+    assert "value = far_away(x)" in texts(top)
+
+
+def test_candidates_are_only_the_continuation(repo):
+    idx = Index.build(repo, workers=1)
+    for c in idx.propose("        self.redis_client.del", path="pkg/cache.py"):
+        assert not c.text.startswith("self.redis_client")
+    assert texts(idx.propose("        self.redis_client.del"))[0] == "ete(key)"
+
+
+def test_update_and_remove_take_effect_immediately(repo):
+    idx = Index.build(repo, workers=1)
+    assert texts(idx.propose("    value = comp"))[0] == "ute(x)"
+    idx.update("pkg/util.py", "def helper(x):\n    value = completely_new(x)\n")
+    got = texts(idx.propose("    value = comp"))
+    assert got[0] == "letely_new(x)" and "ute(x)" not in got
+    idx.remove(repo / "pkg" / "util.py")  # an absolute path inside the root is the same file
+    assert texts(idx.propose("    value = comp")) == []
+
+
+def test_save_load_roundtrip_and_compaction(repo, tmp_path):
+    idx = Index.build(repo, workers=1)
+    idx.update("pkg/new.py", "zebra_stripes = count_stripes(zebra)\n")
+    idx.save(tmp_path / "idx")
+    loaded = Index.load(tmp_path / "idx")
+    assert texts(loaded.propose("zebra_str"))[0] == "ipes = count_stripes(zebra)"
+    assert texts(loaded.propose("        self.redis_client.")) == texts(idx.propose("        self.redis_client."))
+
+
+def test_reindex_skips_unchanged_files(repo, tmp_path):
+    out = tmp_path / "idx"
+    assert cli(["index", str(repo), "--out", str(out)]) == 0
+    idx = Index.load(out)
+    (repo / "pkg" / "util.py").write_text("def helper(x):\n    return brand_new(x)\n")
+    assert idx.refresh() == {"changed": 1, "removed": 0, "unchanged": 2}
+    assert texts(idx.propose("    return brand"))[0] == "_new(x)"
+
+
+def test_git_work_tree_uses_tracked_files(repo):
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("ignored.py\n")
+    (repo / "ignored.py").write_text("secret_value = 1\n")
+    idx = Index.build(repo, workers=1)
+    assert texts(idx.propose("secret_v")) == []
+    assert texts(idx.propose("    value = comp"))[0] == "ute(x)"
+
+
+def test_walk_honours_gitignore(repo):
+    (repo / ".gitignore").write_text("*.log\nbuild/\n")
+    (repo / "x.log").write_text("logged_thing = 1\n")
+    (repo / "build").mkdir()
+    (repo / "build" / "gen.py").write_text("generated_thing = 1\n")
+    idx = Index.build(repo, workers=1)
+    assert texts(idx.propose("logged_t")) == [] and texts(idx.propose("generated_t")) == []
+
+
+def test_load_errors_are_clear(repo, tmp_path):
+    with pytest.raises(IndexFormatError, match="no index here"):
+        Index.load(tmp_path / "missing")
+    out = tmp_path / "idx"
+    Index.build(repo, workers=1).save(out)
+    manifest = (out / "manifest.json").read_text()
+    (out / "manifest.json").write_text(manifest.replace('"format_version": 1', '"format_version": 99'))
+    with pytest.raises(IndexFormatError, match="newer"):
+        Index.load(out)
+    (out / "manifest.json").write_text(manifest)
+    data = (out / "units.marisa").read_bytes()
+    (out / "units.marisa").write_bytes(data[: len(data) // 2])
+    with pytest.raises(IndexFormatError, match="truncated or corrupt"):
+        Index.load(out)
+    (out / "units.marisa").write_bytes(data)
+    (out / "arrays.npz").write_bytes(b"garbage")
+    with pytest.raises(IndexFormatError, match="arrays.npz"):
+        Index.load(out)
+    (out / "manifest.json").write_text("{not json")
+    with pytest.raises(IndexFormatError, match="corrupt"):
+        Index.load(out)
+
+
+def test_cli_query_and_errors(repo, tmp_path, capsys):
+    out = tmp_path / "idx"
+    assert cli(["index", str(repo), "--out", str(out)]) == 0
+    assert cli(["query", str(out), "        self.redis_client.", "-k", "2"]) == 0
+    assert "expire(key, ttl)" in capsys.readouterr().out
+    assert cli(["query", str(tmp_path / "nope"), "x"]) == 2
+    assert "error" in capsys.readouterr().err
