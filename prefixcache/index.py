@@ -116,7 +116,7 @@ class Index:
         follows = Counter()
         for prev, kid in self.static.trie.iteritems():
             lo, hi = int(self.static.follow_offsets[kid]), int(self.static.follow_offsets[kid + 1])
-            for nid, count in zip(self.static.follow_ids[lo:hi], self.static.follow_counts[lo:hi]):
+            for nid, count in zip(self.static.follow_ids[lo:hi], self.static.follow_counts[lo:hi], strict=True):
                 follows[(prev, self.static.trie.restore_key(int(nid)))] += int(count)
         for rel, found in self.overlay.per_file.items():
             files.append({"path": rel, "hash": "", "chars": 0, "parsed": found.parsed})
@@ -172,7 +172,7 @@ class Index:
         kid = self.static.trie.get(previous)
         if kid is not None:
             lo, hi = int(self.static.follow_offsets[kid]), int(self.static.follow_offsets[kid + 1])
-            for nid, count in zip(self.static.follow_ids[lo:hi].tolist(), self.static.follow_counts[lo:hi].tolist()):
+            for nid, count in zip(self.static.follow_ids[lo:hi].tolist(), self.static.follow_counts[lo:hi].tolist(), strict=True):
                 ncount, owner = self._static_entry(nid)
                 if ncount:
                     yield self.static.trie.restore_key(nid), count, self._source(owner)

@@ -67,7 +67,7 @@ class StaticIndex:
         offsets, follow_ids, follow_counts = _follow_arrays(trie, follows, n)
         # marisa's predictive search walks heavy subtrees first, not heavy keys, so a short
         # prefix (`self.`) would meet rare units first; the tiers put frequent ones up front.
-        tiers = tuple(marisa_trie.Trie([k for k, c in zip(keys, counts_list) if c >= m]) for m in TIER_MIN_COUNTS)
+        tiers = tuple(marisa_trie.Trie([k for k, c in zip(keys, counts_list, strict=True) if c >= m]) for m in TIER_MIN_COUNTS)
         return cls(trie, counts, file_of, offsets, follow_ids, follow_counts, tiers)
 
     def save(self, directory: Path) -> dict:

@@ -1,0 +1,71 @@
+"""How many tree nodes a verify pass should carry, from measured costs and expected acceptance.
+
+The target's verify cost for n tree tokens is measured once per model and device (a few
+forwards at each size, median). A tree is then grown best-first by the estimated probability
+that the target accepts each node's path, for as long as the next node's expected gain per
+millisecond beats the step's current rate: p_next / (cost(n+1) - cost(n)) >= (E + 1) / cost(n),
+E being the expected accepted tokens so far (the +1 is the bonus token every pass yields).
+"""
+
+import heapq
+import statistics
+import time
+
+import torch
+
+from specdec.model import Segment
+
+SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+class VerifyCost:
+    """Milliseconds of one target forward with n new tokens over a cached prefix."""
+
+    def __init__(self, sizes, millis):
+        self.sizes, self.millis = list(sizes), list(millis)
+
+    @classmethod
+    def measure(cls, model, context: int = 512, repeats: int = 3) -> "VerifyCost":
+        cache = model.new_cache(context + max(SIZES))
+        ids = torch.zeros(context, dtype=torch.long)
+        model(ids, torch.arange(context), [Segment(cache, context)])
+        cache.keep_all()
+        millis = []
+        for n in SIZES:
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                model(torch.zeros(n, dtype=torch.long), torch.arange(context, context + n), [Segment(cache, n)])
+                times.append((time.perf_counter() - t) * 1000)
+            millis.append(statistics.median(times))
+        # Costs are noisy; force them non-decreasing so marginal costs are never negative.
+        for i in range(1, len(millis)):
+            millis[i] = max(millis[i], millis[i - 1])
+        return cls(SIZES, millis)
+
+    def __call__(self, n: int) -> float:
+        if n <= self.sizes[0]:
+            return self.millis[0]
+        for (a, ca), (b, cb) in zip(zip(self.sizes, self.millis, strict=True), zip(self.sizes[1:], self.millis[1:], strict=True), strict=False):
+            if n <= b:
+                return ca + (cb - ca) * (n - a) / (b - a)
+        last = self.millis[-1] / self.sizes[-1]
+        return self.millis[-1] + last * (n - self.sizes[-1])
+
+
+def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int) -> None:
+    """Insert nodes of `paths` [(source, tokens, probs)] best-first while they pay for themselves."""
+    heap = [(-probs[0], i, 0) for i, (_, tokens, probs) in enumerate(paths) if tokens]
+    heapq.heapify(heap)
+    expected = 0.0
+    while heap and len(tree) < max_nodes:
+        neg_p, i, depth = heapq.heappop(heap)
+        source, tokens, probs = paths[i]
+        n = len(tree)
+        gain_rate = -neg_p / max(1e-6, cost(n + 1) - cost(n))
+        if gain_rate < (expected + 1.0) / cost(n) and n > 1:
+            break
+        added = tree.add_path(tokens[: depth + 1], source, probs[: depth + 1], max_nodes)
+        expected += -neg_p if added else 0.0
+        if depth + 1 < len(tokens):
+            heapq.heappush(heap, (-probs[depth + 1], i, depth + 1))

@@ -1,0 +1,96 @@
+"""specdec complete FILE --line L --col C [...] | specdec serve [...]"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specdec.config import ConfigError
+from specdec.generation import STRATEGIES
+from specdec.loader import CheckpointError
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="specdec", description="Speculative code completion.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("complete", help="complete the code at a cursor position of a file")
+    c.add_argument("file", type=Path)
+    c.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
+    c.add_argument("--col", type=int, required=True, help="0-based column (characters) of the cursor")
+    c.add_argument("--repo", type=Path, help="repository to index into the prefix cache")
+    c.add_argument("--index", type=Path, help="a saved prefix-cache index (instead of --repo)")
+    c.add_argument("--strategy", choices=STRATEGIES, default="hybrid")
+    c.add_argument("--mode", choices=("auto", "single", "multi"), default="auto")
+    c.add_argument("--max-tokens", type=int, default=64)
+    c.add_argument("--temperature", type=float, default=0.0)
+    c.add_argument("--target", type=Path)
+    c.add_argument("--draft", type=Path)
+    c.add_argument("--json", action="store_true", help="print text and statistics as JSON")
+    s = sub.add_parser("serve", help="run the completion server")
+    s.add_argument("--repo", type=Path)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8012)
+    s.add_argument("--api-key", default=None)
+    s.add_argument("--target", type=Path)
+    s.add_argument("--draft", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        return _complete(args) if args.command == "complete" else _serve(args)
+    except (ConfigError, CheckpointError, ValueError, OSError) as err:
+        print(f"specdec: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _split_at_cursor(text: str, line: int, col: int):
+    lines = text.split("\n")
+    if not 1 <= line <= len(lines):
+        raise ValueError(f"--line {line}: the file has {len(lines)} lines")
+    if not 0 <= col <= len(lines[line - 1]):
+        raise ValueError(f"--col {col}: line {line} has {len(lines[line - 1])} characters")
+    offset = sum(len(x) + 1 for x in lines[: line - 1]) + col
+    return text[:offset], text[offset:]
+
+
+def _complete(args) -> int:
+    from specdec.engine import Engine
+
+    text = args.file.read_text(encoding="utf-8", errors="replace")
+    prefix, suffix = _split_at_cursor(text, args.line, args.col)
+    index, path = None, None
+    if args.index:
+        index = args.index
+    elif args.repo:
+        from prefixcache import Index
+
+        index = Index.build(args.repo)
+    engine = Engine.from_pretrained(args.target, args.draft, index)
+    if engine.index is not None:
+        try:
+            path = engine.index.relative(args.file.resolve())
+            engine.index.update(path, prefix)  # the index must not see the text after the cursor
+        except ValueError:
+            path = None
+    result = engine.complete(prefix, suffix, max_tokens=args.max_tokens, temperature=args.temperature,
+                             strategy=args.strategy, mode=args.mode, path=path)
+    if args.json:
+        print(json.dumps({"text": result.text, "tokens": result.tokens, "stats": result.stats}))
+    else:
+        print(result.text)
+        s = result.stats
+        print(f"[{s['generated_tokens']} tokens, {s['target_passes']} target passes, tau {s['tau']:.2f}, "
+              f"{s['total_ms']:.0f} ms, stop: {s['stop_reason']}]", file=sys.stderr)
+    return 0
+
+
+def _serve(args) -> int:
+    try:
+        from server.main import serve
+    except ImportError as err:
+        raise ValueError(f"the server is not available in this build ({err})") from None
+    return serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

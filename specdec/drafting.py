@@ -1,0 +1,122 @@
+"""Where speculated tokens come from: the prefix cache, the draft model, and n-gram lookup.
+
+Every source returns paths [(source, tokens, probs)] rooted after the last committed token;
+probs[i] estimates the chance that the target accepts the path up to token i.
+"""
+
+import torch
+
+from specdec.model import Segment
+
+
+class AcceptanceStats:
+    """Running estimates of how often each source's tokens are accepted, to price tree nodes."""
+
+    def __init__(self):
+        self.first = {"trie": 0.5, "ngram": 0.4}  # P(first token accepted)
+        self.next = {"trie": 0.8, "ngram": 0.6}  # P(next token accepted | previous accepted)
+        self.draft_scale = 0.9  # the draft's own probability, scaled by how calibrated it proved
+
+    def update(self, source: str, proposed_depth: int, accepted_depth: int, rate=0.05) -> None:
+        if source not in self.first or proposed_depth == 0:
+            return
+        self.first[source] += rate * ((accepted_depth > 0) - self.first[source])
+        if accepted_depth > 0 and proposed_depth > 1:
+            tried = min(proposed_depth - 1, accepted_depth)
+            got = accepted_depth - 1
+            self.next[source] += rate * (got / max(1, tried) - self.next[source])
+
+    def chain_probs(self, source: str, length: int, rank: int) -> list[float]:
+        p = self.first[source] / (1 + rank)
+        out = []
+        for _ in range(length):
+            out.append(p)
+            p *= self.next[source]
+        return out
+
+
+def trie_paths(index, text_before_cursor: str, path, encode, healed: str, stats: AcceptanceStats, k: int = 6, max_tokens: int = 24):
+    """Candidates of the prefix cache, tokenized to continue the committed tokens.
+
+    While token healing is pending (nothing generated yet), the candidate is tokenized together
+    with the healed text, so that its first token extends what was taken out of the prompt.
+    """
+    if index is None:
+        return []
+    try:
+        candidates = index.propose(text_before_cursor, path=path, k=k)
+    except ValueError:
+        return []
+    paths = []
+    for rank, cand in enumerate(candidates):
+        tokens = encode(healed + cand.text)[:max_tokens]
+        if tokens:
+            paths.append(("trie", tokens, stats.chain_probs("trie", len(tokens), rank)))
+    return paths
+
+
+def ngram_paths(sequence: list[int], stats: AcceptanceStats, max_ngram: int = 4, max_tokens: int = 12, matches: int = 3):
+    """Prompt lookup: continuations of the latest n-gram's earlier occurrences in the sequence."""
+    paths, seen = [], set()
+    for n in range(min(max_ngram, len(sequence) - 1), 0, -1):
+        tail = sequence[-n:]
+        for start in range(len(sequence) - n - 1, -1, -1):
+            if sequence[start : start + n] == tail:
+                follow = tuple(sequence[start + n : start + n + max_tokens])
+                if follow and follow not in seen:
+                    seen.add(follow)
+                    paths.append(("ngram", list(follow), stats.chain_probs("ngram", len(follow), len(paths))))
+                    if len(paths) >= matches:
+                        return paths
+        if paths:
+            return paths
+    return paths
+
+
+class DraftRunner:
+    """Keeps the draft model's KV cache in step with one sequence and drafts greedy chains."""
+
+    def __init__(self, model, cache=None):
+        self.model = model
+        self.cache = cache if cache is not None else model.new_cache()
+        self.synced = []  # tokens whose keys and values are in the cache
+
+    def adopt(self, cache, tokens: list[int]) -> None:
+        self.cache, self.synced = cache, list(tokens[: cache.length])
+
+    def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
+        """Greedy draft tokens after `committed`, and the cumulative probability of each."""
+        common = _common_prefix(self.synced, committed)
+        common = min(common, len(committed) - 1)  # the last committed token is fed below
+        self.cache.truncate(common)
+        self.synced = self.synced[:common]
+        feed = committed[common:]
+        tokens, probs, p = [], [], 1.0
+        for depth in range(max_depth):
+            positions = torch.arange(len(self.synced), len(self.synced) + len(feed))
+            logits = self.model(torch.tensor(feed), positions, [Segment(self.cache, len(feed))], logits_rows=[len(feed) - 1])[0]
+            self.cache.keep_all()
+            self.synced.extend(feed)
+            if depth == 0 and allowed_first is not None:
+                masked = torch.full_like(logits, float("-inf"))
+                masked[allowed_first] = logits[allowed_first]
+                logits = masked
+            prob = torch.softmax(logits, dim=-1)
+            token = int(torch.argmax(prob))
+            p *= float(prob[token])
+            if p < min_prob:
+                break
+            tokens.append(token)
+            probs.append(p)
+            if token in stop_ids:  # worth proposing (the target may end here too), not extending
+                break
+            feed = [token]
+        return tokens, probs
+
+
+def _common_prefix(a, b) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,66 @@
+"""PromptCache: KV caches of recent requests, reused for the longest common token prefix.
+
+An entry holds the target's (and the draft's) cache for a token sequence. A new request takes
+the entry sharing the longest prefix with its prompt (so one more keystroke prefills only the
+new tokens), and puts its own caches back when it finishes. Bounded in bytes, LRU eviction.
+"""
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(eq=False)  # identity, not element-wise array comparison
+class CacheEntry:
+    tokens: np.ndarray  # int64 [n]: the sequence the target cache holds
+    target: object  # KVCache
+    draft: object | None  # KVCache of the draft, holding a prefix of draft_tokens
+    draft_tokens: list = field(default_factory=list)
+    last_used: float = 0.0
+
+    def nbytes(self) -> int:
+        return self.target.nbytes() + (self.draft.nbytes() if self.draft is not None else 0)
+
+
+class PromptCache:
+    def __init__(self, max_bytes: int = 512 << 20, min_reuse: int = 16):
+        self.max_bytes = max_bytes
+        self.min_reuse = min_reuse  # shorter matches are not worth taking an entry away
+        self.entries: list[CacheEntry] = []
+        self.lock = threading.Lock()
+
+    def take(self, prompt: list[int]):
+        """(entry, common prefix length) of the best match, removed from the cache; or (None, 0)."""
+        query = np.asarray(prompt, dtype=np.int64)
+        with self.lock:
+            best, best_len = None, 0
+            for entry in self.entries:
+                n = min(len(entry.tokens), len(query))
+                if n <= best_len:
+                    continue
+                diff = np.flatnonzero(entry.tokens[:n] != query[:n])
+                common = int(diff[0]) if diff.size else n
+                if common > best_len:
+                    best, best_len = entry, common
+            if best is None or best_len < self.min_reuse:
+                return None, 0
+            self.entries.remove(best)
+            return best, best_len
+
+    def put(self, tokens: list[int], target, draft=None, draft_tokens=()) -> None:
+        entry = CacheEntry(np.asarray(tokens[: target.length], dtype=np.int64), target, draft,
+                           list(draft_tokens), time.monotonic())
+        with self.lock:
+            self.entries.append(entry)
+            self._evict()
+
+    def _evict(self) -> None:
+        self.entries.sort(key=lambda e: e.last_used)
+        while self.entries and sum(e.nbytes() for e in self.entries) > self.max_bytes:
+            self.entries.pop(0)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()

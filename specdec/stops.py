@@ -1,0 +1,82 @@
+"""Stop rules for inline completion, applied to the text generated so far.
+
+Each rule returns where to cut the text (or None): single-line mode ends at the first newline;
+multi-line mode ends before the first line indented less than the cursor's block (llama.cpp's
+n_indent); the output stops where it starts repeating the text after the cursor; explicit stop
+strings cut before themselves.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StopRules:
+    single_line: bool
+    min_indent: int = 0  # a later line indented less than this ends a multi-line completion
+    suffix_first_line: str = ""  # rest of the cursor line after the cursor
+    suffix_next_line: str = ""  # first non-empty line after the cursor line, stripped
+    stop_strings: list = field(default_factory=list)
+
+    def cut(self, text: str):
+        """(cut position, reason) for the earliest rule that fires, else (None, None)."""
+        best = (None, None)
+        for position, reason in (self._line(text), self._dedent(text), self._suffix(text), self._strings(text)):
+            if position is not None and (best[0] is None or position < best[0]):
+                best = (position, reason)
+        return best
+
+    def _line(self, text):
+        if self.single_line:
+            nl = text.find("\n")
+            if nl >= 0:
+                return nl, "newline"
+        return None, None
+
+    def _dedent(self, text):
+        if self.single_line:
+            return None, None
+        start = text.find("\n")
+        while start >= 0:
+            end = text.find("\n", start + 1)
+            if end < 0:
+                return None, None  # the last line may still grow its indentation
+            line = text[start + 1 : end]
+            if line.strip() and len(line) - len(line.lstrip()) < self.min_indent:
+                return start, "dedent"
+            start = end
+        return None, None
+
+    def _suffix(self, text):
+        tail = self.suffix_first_line.strip()
+        if tail and self.single_line and text.rstrip().endswith(tail) and text.strip():
+            cut = text.rstrip()[: -len(tail)]
+            return len(cut), "suffix"
+        nxt = self.suffix_next_line
+        if nxt and not self.single_line:
+            start = 0
+            while True:
+                end = text.find("\n", start)
+                if end < 0:
+                    break
+                if text[start:end].strip() == nxt and start > 0:
+                    return start - 1, "suffix"
+                start = end + 1
+        return None, None
+
+    def _strings(self, text):
+        hits = [(text.find(s), "word") for s in self.stop_strings if s and s in text]
+        return min(hits) if hits else (None, None)
+
+
+def rules_for(prefix: str, suffix: str, mode: str, n_indent: int | None = None, stop=()) -> StopRules:
+    """mode: single | multi | auto (single when text follows the cursor on its line)."""
+    line_start = prefix[prefix.rfind("\n") + 1 :]
+    first_line, _, rest = suffix.partition("\n")
+    if mode == "auto":
+        mode = "single" if first_line.strip() else "multi"
+    indent = len(line_start) - len(line_start.lstrip())
+    if n_indent is not None and n_indent > 0:
+        indent = n_indent
+    next_line = next((line.strip() for line in rest.split("\n") if line.strip()), "")
+    return StopRules(single_line=mode == "single", min_indent=indent, suffix_first_line=first_line,
+                     suffix_next_line=next_line, stop_strings=list(stop or ()))

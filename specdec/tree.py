@@ -1,0 +1,68 @@
+"""TokenTree: the speculated continuations of one sequence, merged into a tree rooted at its last committed token.
+
+Node 0 is the root (the last committed token, whose logits are not computed yet); every other
+node is a speculated token with a parent, a depth, where it came from, and an estimate of the
+probability that the target accepts the path down to it (used to spend the node budget).
+"""
+
+import torch
+
+
+class TokenTree:
+    def __init__(self, root_token: int):
+        self.tokens = [root_token]
+        self.parents = [-1]
+        self.depths = [0]
+        self.sources = ["root"]
+        self.probs = [1.0]
+        self.children = [{}]  # node -> {token: child node}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add_path(self, tokens, source: str, probs, budget: int) -> int:
+        """Insert a path under the root, sharing existing prefixes; returns nodes added."""
+        node, added = 0, 0
+        for token, prob in zip(tokens, probs, strict=False):
+            child = self.children[node].get(token)
+            if child is None:
+                if len(self.tokens) >= budget:
+                    break
+                child = self._new(node, token, source, prob)
+                added += 1
+            else:
+                self.probs[child] = max(self.probs[child], prob)
+            node = child
+        return added
+
+    def _new(self, parent: int, token: int, source: str, prob: float) -> int:
+        index = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.sources.append(source)
+        self.probs.append(prob)
+        self.children.append({})
+        self.children[parent][token] = index
+        return index
+
+    def path_to(self, node: int) -> list[int]:
+        path = []
+        while node > 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[n, n] bool, True where column j is an ancestor of (or is) row i."""
+        n = len(self.tokens)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            j = i
+            while j >= 0:
+                mask[i, j] = True
+                j = self.parents[j]
+        return mask
+
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
