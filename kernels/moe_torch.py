@@ -27,7 +27,8 @@ def fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids):
     order = torch.argsort(flat_ids, stable=True)  # (token, slot) pairs sorted by expert
     counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
     flat_weights = topk_weights.reshape(-1).to(x.dtype)
-    out = torch.zeros_like(x)
+    # One row per (token, slot) pair: each pair is written once, so no accumulating scatter.
+    per_pair = x.new_empty(num_tokens * top_k, x.shape[1])
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
@@ -37,5 +38,5 @@ def fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids):
         tokens = pairs // top_k
         gate, up = F.linear(x[tokens], w_gate_up[expert]).chunk(2, dim=-1)  # [c, I] each
         y = F.linear(F.silu(gate) * up, w_down[expert])  # [c, H]
-        out.index_add_(0, tokens, y * flat_weights[pairs, None])
-    return out
+        per_pair.index_copy_(0, pairs, y * flat_weights[pairs, None])
+    return per_pair.view(num_tokens, top_k, -1).sum(dim=1)

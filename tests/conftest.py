@@ -3,6 +3,10 @@
 import pytest
 import torch
 
+# The test models are tiny: intra-op threads only add synchronisation (and stall badly when
+# another process holds the cores).
+torch.set_num_threads(1)
+
 COMMON = dict(vocab_size=97, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, intermediate_size=48, max_position_embeddings=256)
 

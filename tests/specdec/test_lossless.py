@@ -17,7 +17,7 @@ def engine(tiny_models):
 
 def test_all_strategies_match_ar_on_50_prompts(engine):
     mismatches = []
-    for i, (path, prefix, suffix) in enumerate(code_prompts(50)):
+    for i, (_path, prefix, suffix) in enumerate(code_prompts(50)):
         options = dict(max_tokens=12, mode="multi" if i % 2 else "auto", path=None)
         engine.prompt_cache.clear()
         reference = engine.complete(prefix, suffix, strategy="ar", use_prompt_cache=False, **options)

@@ -1,0 +1,57 @@
+"""Speculative sampling follows the target's distribution (chi-square, fixed seed)."""
+
+import torch
+
+from specdec import Engine, Segment, load_model
+from specdec.accept import Sampling, target_probs
+
+# Upper 0.1% points of the chi-square distribution, by degrees of freedom.
+CHI2_999 = {5: 20.52, 10: 29.59, 15: 37.70, 20: 45.31, 25: 52.62, 30: 59.70}
+
+
+def _exact_pairs(model, prompt_ids, allowed, sampling):
+    """{(t1, t2): probability} of the first two tokens under the target."""
+    logits = model.logits(torch.tensor([prompt_ids]))[0, -1]
+    masked = torch.full_like(logits, float("-inf"))
+    masked[allowed] = logits[allowed]
+    first = target_probs(masked, sampling)
+    pairs = {}
+    for t1 in torch.nonzero(first).flatten().tolist():
+        second = target_probs(model.logits(torch.tensor([prompt_ids + [t1]]))[0, -1], sampling)
+        for t2 in torch.nonzero(second).flatten().tolist():
+            pairs[(t1, t2)] = float(first[t1] * second[t2])
+    return pairs
+
+
+def test_speculative_sampling_matches_target_distribution(tiny_models):
+    target = load_model(tiny_models[0])
+    engine = Engine(target, target, None)  # the target as its own draft: many proposals accepted
+    engine._draft_min_prob = 0.0
+    engine.draft_depth = 2  # only two tokens are sampled
+    sampling = Sampling(temperature=1.0, top_k=3)
+    prefix = "def add(a, b):\n    return a + b\n\nvalue = add(1, "
+    probe = engine.generation(prefix, "", strategy="draft", max_tokens=2, temperature=1.0, top_k=3)
+    exact = _exact_pairs(target, probe.prompt.ids, probe.allowed_first, sampling)
+    counts, samples, drafted = {}, 1500, 0
+    for seed in range(samples):
+        g = engine.generation(prefix, "", strategy="draft", max_tokens=2, temperature=1.0, top_k=3, seed=seed,
+                              use_prompt_cache=seed > 0)
+        engine.scheduler.run_until_done([g])
+        pair = tuple(g.committed[len(g.prompt.ids) : len(g.prompt.ids) + 2])
+        counts[pair] = counts.get(pair, 0) + 1
+        drafted += g.stats["accepted_by_source"]["draft"]
+    assert drafted > samples // 4, "speculation was hardly exercised"
+    assert set(counts) <= set(exact)
+    chi2 = sum((counts.get(k, 0) - samples * p) ** 2 / (samples * p) for k, p in exact.items())
+    dof = len(exact) - 1
+    assert chi2 < CHI2_999[min(CHI2_999, key=lambda d: abs(d - dof))], (chi2, dof)
+
+
+def test_seeded_sampling_is_reproducible(tiny_models):
+    target = load_model(tiny_models[0])
+    engine = Engine(target, load_model(tiny_models[1]), None)
+    runs = [engine.complete("x = [", "", strategy="hybrid", temperature=0.8, top_p=0.9, max_tokens=10, seed=7).tokens
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+    segment_check = target(torch.tensor([1, 2]), torch.tensor([0, 1]), [Segment(target.new_cache(), 2)])
+    assert segment_check.shape[0] == 2
