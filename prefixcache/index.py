@@ -1,6 +1,7 @@
 """Index: a repository's units in a static marisa trie plus a mutable overlay, and proposals from them."""
 
 import itertools
+import threading
 import time
 from collections import Counter
 from pathlib import Path, PurePosixPath
@@ -23,6 +24,7 @@ class Index:
         self.file_index = {f["path"]: i for i, f in enumerate(files)}
         self.summary = summary
         self.overlay = Overlay()
+        self.lock = threading.RLock()  # the server updates while the scheduler proposes
 
     # building, loading, saving ------------------------------------------------------------
 
@@ -69,15 +71,18 @@ class Index:
     def update(self, path, text: str) -> None:
         """Replace the file's units with those of `text`; visible to the very next proposal."""
         rel = self.relative(path)
-        self._tombstone(rel)
-        self.overlay.add(rel, extract(rel, text))
-        if len(self.overlay) > COMPACT_UNITS:
-            self.compact()
+        found = extract(rel, text)
+        with self.lock:
+            self._tombstone(rel)
+            self.overlay.add(rel, found)
+            if len(self.overlay) > COMPACT_UNITS:
+                self.compact()
 
     def remove(self, path) -> None:
         rel = self.relative(path)
-        self._tombstone(rel)
-        self.overlay.remove(rel)
+        with self.lock:
+            self._tombstone(rel)
+            self.overlay.remove(rel)
 
     def _tombstone(self, rel: str) -> None:
         i = self.file_index.get(rel)
@@ -133,6 +138,10 @@ class Index:
         """Up to k continuations of the unit under the cursor, best first (see propose.py)."""
         rel = self.relative(path) if path else None
         typed, previous = proposer.cursor_context(text_before_cursor)
+        with self.lock:
+            return self._propose(typed, previous, rel, k)
+
+    def _propose(self, typed: str, previous: str | None, rel: str | None, k: int) -> list:
         entries = []
         if previous is not None:
             for line, count, source in self._following(previous):

@@ -77,7 +77,9 @@ class Generation:
         self.finished = threading.Event()
         self.stop_reason = None
         self.cache = self.draft = None
-        self.on_tokens = None  # optional callback(text_so_far) for streaming
+        self.on_tokens = None  # optional callback(text_so_far) for streaming, called on the scheduler thread
+        self.on_finish = None  # optional callback() once finished, called on the thread that finishes it
+        self.error = None
         self.stats = {"target_passes": 0, "accepted_by_source": {"trie": 0, "draft": 0, "ngram": 0, "bonus": 0},
                       "prefill_tokens": 0, "cached_tokens": 0, "tree_nodes": 0}
         self.started = time.perf_counter()
@@ -204,9 +206,13 @@ class Generation:
             self.engine.acceptance.update(source, depth, accepted.get(source, 0))
 
     def _finish(self, reason: str) -> None:
+        if self.finished.is_set():
+            return
         if self.stop_reason is None:
             self.stop_reason = reason
         self.finished.set()
+        if self.on_finish is not None:
+            self.on_finish()
 
     def cancel(self) -> None:
         self.cancelled.set()

@@ -30,6 +30,7 @@ class Scheduler:
         self.thread = None
         self.running = False
         self.steps = 0
+        self.recent = deque(maxlen=256)  # (document, stop reason, tokens, step finished) of finished requests
 
     # submitting ---------------------------------------------------------------------------
 
@@ -129,6 +130,7 @@ class Scheduler:
                 g._finish(g.stop_reason or "cancelled")
             if g.finished.is_set():
                 g.release()
+                self.recent.append((g.request.document, g.stop_reason, len(g.generated), self.steps))
             else:
                 keep.append(g)
         self.active = keep

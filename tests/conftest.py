@@ -52,3 +52,11 @@ def hf_checkpoints(tmp_path_factory):
         model.save_pretrained(directory)
         out[arch] = (directory, model)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """(target dir, draft dir): tiny random Qwen3-MoE target and Qwen3 draft with a real BPE tokenizer."""
+    from tests.helpers import make_tiny_models
+
+    return make_tiny_models(tmp_path_factory.mktemp("tiny_models"))

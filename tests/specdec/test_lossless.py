@@ -5,7 +5,7 @@ import pytest
 from prefixcache import Index
 from specdec import Engine, load_model
 from specdec.generation import STRATEGIES
-from tests.specdec.conftest import STDLIB, code_prompts
+from tests.helpers import STDLIB, code_prompts
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,9 @@
-"""Tiny real models for engine tests: a trained BPE tokenizer with FIM tokens and random weights."""
+"""Tiny real models for engine and server tests: a trained BPE tokenizer with FIM tokens and random weights."""
 
-import json
 import sysconfig
 from pathlib import Path
 
-import pytest
 import torch
-from safetensors.torch import save_file
 
 from specdec.config import ModelConfig
 from specdec.loader import save_model
@@ -40,13 +37,11 @@ def write_random_model(directory: Path, raw: dict, tokenizer, seed: int, scale: 
     return directory
 
 
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory):
+def make_tiny_models(root: Path):
     """(target dir, draft dir) sharing one 600-token tokenizer."""
     texts = [(STDLIB / f).read_text() for f in CORPUS_FILES]
     tokenizer = train_tokenizer(texts, vocab_size=600)
     eos = tokenizer.token_to_id(SPECIAL_TOKENS[0])
-    root = tmp_path_factory.mktemp("tiny_models")
     target = write_random_model(root / "target", tiny_config("moe", tokenizer.get_vocab_size(), eos), tokenizer, 1)
     draft = write_random_model(root / "draft", tiny_config("dense", tokenizer.get_vocab_size(), eos), tokenizer, 2)
     return target, draft
@@ -66,5 +61,3 @@ def code_prompts(count: int, seed: int = 0, before: int = 600, after: int = 200)
         out.append((f.name, text[max(0, cursor - before) : cursor], text[cursor : cursor + after]))
     return out
 
-
-__all__ = ["tiny_models", "code_prompts", "json", "save_file"]

@@ -1,0 +1,119 @@
+"""The FastAPI app: middleware, routers, and the engine loaded in the lifespan (never at import)."""
+
+import hmac
+import logging
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from server import routes_index, routes_infill, routes_openai, routes_ops
+from server.bridge import EngineBridge
+from server.errors import ApiError
+from server.metrics import Metrics
+from server.settings import Settings
+
+log = logging.getLogger("specdec.server")
+OPEN_PATHS = {"/health"}
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: object = None
+    bridge: EngineBridge = None
+    metrics: Metrics = field(default_factory=Metrics)
+    index_status: dict = field(default_factory=lambda: {"state": "none"})
+    started: float = field(default_factory=time.time)
+
+
+def create_app(settings: Settings, engine=None) -> FastAPI:
+    """engine: a ready Engine (tests); None loads the models named in settings (or the embedded ones)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state = app.state.specdec
+        if state.engine is None:
+            from specdec import Engine
+
+            state.engine = Engine.from_pretrained(settings.target, settings.draft)
+        state.engine.scheduler.max_queue = settings.max_queue
+        state.engine.scheduler.max_batch = settings.max_batch
+        _ = state.engine.verify_cost, state.engine.draft_min_prob
+        state.bridge = EngineBridge(state.engine, state.metrics)
+        if settings.repo is not None and state.engine.index is None:
+            threading.Thread(target=_build_index, args=(state,), daemon=True, name="index-build").start()
+        elif state.engine.index is not None:
+            state.index_status = {"state": "ready", "files": len(state.engine.index.files)}
+        yield
+        state.engine.scheduler.stop()
+
+    app = FastAPI(title="specdec", lifespan=lifespan)
+    app.state.specdec = AppState(settings, engine)
+    _middleware(app, settings)
+    for router in (routes_infill.router, routes_openai.router, routes_index.router, routes_ops.router):
+        app.include_router(router)
+    return app
+
+
+def _build_index(state: AppState) -> None:
+    from prefixcache import Index
+
+    state.index_status = {"state": "building", "repo": str(state.settings.repo)}
+    log.info("indexing %s", state.settings.repo)
+    try:
+        idx = Index.build(state.settings.repo)
+    except Exception as err:  # the server keeps serving without the prefix cache
+        log.exception("indexing failed")
+        state.index_status = {"state": "failed", "error": str(err)}
+        return
+    state.engine.index = idx
+    state.index_status = {"state": "ready", **{k: idx.summary.get(k) for k in ("indexed", "units", "build_seconds")}}
+    log.info("index ready: %s", state.index_status)
+
+
+def _middleware(app: FastAPI, settings: Settings) -> None:
+    @app.middleware("http")
+    async def auth_and_metrics(request: Request, call_next):
+        started = time.perf_counter()
+        if settings.api_key and request.url.path not in OPEN_PATHS and not _authorized(request, settings.api_key):
+            response = ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", kind="authentication_error").response()
+        else:
+            response = await call_next(request)
+        app.state.specdec.metrics.observe_request(request.url.path, response.status_code,
+                                                  (time.perf_counter() - started) * 1000)
+        return response
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request, err: ApiError):
+        return err.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {}
+        field_name = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return JSONResponse({"error": {"message": first.get("msg", "invalid request"), "param": field_name,
+                                       "type": "invalid_request_error", "code": 400}}, status_code=400)
+
+
+def _authorized(request: Request, key: str) -> bool:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+def serve(args) -> int:
+    """specdec serve: run uvicorn on the given host and port."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = Settings.from_env(host=args.host, port=args.port, api_key=args.api_key, repo=args.repo,
+                                 target=args.target, draft=args.draft)
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
+        log.warning("listening on %s without an API key: anyone who can reach it can use it", settings.host)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    return 0

@@ -1,0 +1,95 @@
+"""POST /infill: llama.cpp's fill-in-the-middle protocol, as llama.vim and llama.vscode speak it."""
+
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from server.bridge import document_key
+from server.deps import BodyDep, StateDep
+from server.schemas import infill_request
+
+router = APIRouter()
+STOP_TYPES = {"eos": "eos", "newline": "eos", "dedent": "eos", "suffix": "eos", "limit": "limit", "time": "limit",
+              "word": "word"}
+
+
+@router.post("/infill")
+async def infill(request: Request, state: StateDep, body: BodyDep):
+    """Complete the code between input_prefix + prompt and input_suffix."""
+    parsed = infill_request(body, state.settings)
+    options = parsed["options"]
+    document = document_key(request.client.host if request.client else "-", options)
+    if parsed["stream"]:
+        return StreamingResponse(_stream(state, options, document, parsed["response_fields"]),
+                                 media_type="text/event-stream")
+    result = await state.bridge.run(options, document, request)
+    return JSONResponse(select_fields(infill_body(result, state, options), parsed["response_fields"]))
+
+
+async def _stream(state, options, document, fields):
+    g, events = state.bridge.start(options, document)
+    sent = ""
+    try:
+        while True:
+            kind, text = await events.get()
+            if kind == "done":
+                break
+            if text is not None and len(text) > len(sent) and text.startswith(sent):
+                yield _sse({"content": text[len(sent):], "tokens": [], "stop": False})
+                sent = text
+        result = state.bridge.finish(g)
+        final = infill_body(result, state, options)
+        final["content"] = result.text[len(sent):] if result.text.startswith(sent) else result.text
+        yield _sse(select_fields(final, fields))
+    finally:
+        g.cancel()  # a closed stream (client gone) stops the generation at the next step
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def infill_body(result, state, options) -> dict:
+    s = result.stats
+    prompt_ms, predicted_ms = s.get("prefill_ms", 0.0), s.get("decode_ms", 0.0)
+    prompt_n, predicted_n = s.get("prefill_tokens", 0), s.get("generated_tokens", 0)
+    reason = s.get("stop_reason", "none")
+    return {
+        "content": result.text,
+        "tokens": result.tokens,
+        "stop": True,
+        "stop_type": STOP_TYPES.get(reason, "none"),
+        "stopping_word": next((w for w in options.get("stop", ()) if reason == "word"), ""),
+        "model": state.settings.model_name,
+        "tokens_cached": s.get("cached_tokens", 0),
+        "tokens_evaluated": prompt_n,
+        "truncated": result.truncated,
+        "timings": {
+            "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1000 * prompt_n / prompt_ms if prompt_ms else 0.0,
+            "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+            "predicted_per_second": 1000 * predicted_n / predicted_ms if predicted_ms else 0.0,
+        },
+        "generation_settings": {"n_predict": options["max_tokens"], "temperature": options["temperature"],
+                                "top_k": options["top_k"], "top_p": options["top_p"], "n_indent": options["n_indent"] or 0},
+        "speculation": {k: s.get(k) for k in ("target_passes", "generated_tokens", "tau", "accepted_by_source",
+                                                 "prefill_tokens", "cached_tokens", "prefill_ms", "decode_ms",
+                                                 "total_ms", "stop_reason")},
+    }
+
+
+def select_fields(body: dict, fields) -> dict:
+    """llama.cpp's response_fields: only these keys; "a/b" is flattened to a top-level "a/b" key."""
+    if not fields:
+        return body
+    out = {}
+    for field in fields:
+        value = body
+        for part in field.split("/"):
+            value = value.get(part) if isinstance(value, dict) else None
+        if field and value is not None:
+            out[field] = value
+    return out

@@ -1,0 +1,71 @@
+"""POST /v1/completions and GET /v1/models: OpenAI's completions protocol with `suffix` (FIM)."""
+
+import json
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from server.bridge import document_key
+from server.deps import BodyDep, StateDep
+from server.schemas import completions_request
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def models(state: StateDep):
+    """The one model this server runs."""
+    return {"object": "list", "data": [{"id": state.settings.model_name, "object": "model",
+                                        "created": int(state.started), "owned_by": "specdec"}]}
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, state: StateDep, body: BodyDep):
+    """Complete `prompt`, filling in before `suffix` when one is given."""
+    parsed = completions_request(body, state.settings)
+    options, model = parsed["options"], parsed["model"]
+    document = document_key(request.client.host if request.client else "-", options)
+    meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+            "model": model}
+    if parsed["stream"]:
+        return StreamingResponse(_stream(state, options, document, meta), media_type="text/event-stream")
+    result = await state.bridge.run(options, document, request)
+    return JSONResponse({**meta, "choices": [_choice(result.text, _finish_reason(result))],
+                         "usage": _usage(result), "speculation": result.stats})
+
+
+def _choice(text: str, finish_reason):
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _finish_reason(result) -> str:
+    return "length" if result.stats.get("stop_reason") == "limit" else "stop"
+
+
+def _usage(result) -> dict:
+    prompt = result.stats.get("prefill_tokens", 0) + result.stats.get("cached_tokens", 0)
+    completion = result.stats.get("generated_tokens", 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _stream(state, options, document, meta):
+    """SSE: `data: {json}` events, then `data: [DONE]`; no comment lines (Continue stops at them)."""
+    g, events = state.bridge.start(options, document)
+    sent = ""
+    try:
+        while True:
+            kind, text = await events.get()
+            if kind == "done":
+                break
+            if text is not None and len(text) > len(sent) and text.startswith(sent):
+                yield f"data: {json.dumps({**meta, 'choices': [_choice(text[len(sent):], None)]})}\n\n"
+                sent = text
+        result = state.bridge.finish(g)
+        rest = result.text[len(sent):] if result.text.startswith(sent) else ""
+        final = {**meta, "choices": [_choice(rest, _finish_reason(result))], "usage": _usage(result)}
+        yield f"data: {json.dumps(final)}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        g.cancel()

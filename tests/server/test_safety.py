@@ -1,0 +1,125 @@
+"""Auth, limits, malformed input, cancellation, superseding and index updates."""
+
+import os
+import threading
+import time
+
+import httpx
+
+from tests.server.conftest import make_server
+
+LONG = {"input_prefix": "def f():\n", "input_suffix": "", "prompt": "    ", "n_predict": 500, "samplers": [],
+        "path": "pkg/long.py"}
+
+
+def test_api_key(models, repo):
+    with make_server(models, repo, api_key="s3cret") as live:
+        assert httpx.get(f"{live.url}/health").status_code == 200
+        assert httpx.get(f"{live.url}/v1/models").status_code == 401
+        bad = httpx.post(f"{live.url}/infill", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401 and "API key" in bad.json()["error"]["message"]
+        ok = httpx.get(f"{live.url}/v1/models", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+
+
+def test_limits_name_the_field(live):
+    r = httpx.post(f"{live.url}/infill", json={"prompt": "x", "n_predict": 100000})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n_predict"
+    r = httpx.post(f"{live.url}/infill", json={"prompt": "x" * 30_000})
+    assert r.status_code == 413 and r.json()["error"]["param"] == "prompt"
+    r = httpx.post(f"{live.url}/v1/completions", json={"prompt": "x", "suffix": "y" * 20_000})
+    assert r.status_code == 413 and r.json()["error"]["param"] == "suffix"
+    r = httpx.post(f"{live.url}/infill", content=b'{"prompt": "' + b"x" * 200_000 + b'"}')
+    assert r.status_code == 413
+    r = httpx.post(f"{live.url}/v1/completions", json={"prompt": "x", "n": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
+def test_malformed_bodies(live):
+    r = httpx.post(f"{live.url}/infill", content=b"{not json")
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    r = httpx.post(f"{live.url}/infill", content=b'{"prompt": "\xff\xfe"}')
+    assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"]
+    r = httpx.post(f"{live.url}/infill", json={"prompt": "x", "n_predict": "many"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n_predict"
+    r = httpx.post(f"{live.url}/infill", json=["a list"])
+    assert r.status_code == 400
+    r = httpx.post(f"{live.url}/v1/completions", json={"prompt": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = httpx.post(f"{live.url}/infill", json={"prompt": "x", "temperature": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+
+
+def test_queue_full_is_429(models, repo):
+    with make_server(models, repo, max_queue=0) as live:
+        r = httpx.post(f"{live.url}/infill", json={"prompt": "x"})
+        assert r.status_code == 429
+
+
+def _wait_idle(engine, seconds=10):
+    deadline = time.time() + seconds
+    while engine.scheduler.queue_depth() and time.time() < deadline:
+        time.sleep(0.01)
+    return engine.scheduler.queue_depth() == 0
+
+
+def test_disconnected_stream_stops_generating(live):
+    with httpx.stream("POST", f"{live.url}/infill", json=dict(LONG, stream=True, path="pkg/cancel.py"), timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # leave after the first event: the client hangs up
+    assert _wait_idle(live.engine)
+    document, reason, tokens, _ = next(e for e in reversed(live.engine.scheduler.recent) if e[0] and "cancel.py" in e[0])
+    assert reason == "cancelled" and tokens < 500
+
+
+def test_newer_request_supersedes_older(live):
+    results = {}
+
+    def first():
+        results["first"] = httpx.post(f"{live.url}/infill", json=LONG, timeout=60).json()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    deadline = time.time() + 10
+    while live.engine.scheduler.queue_depth() == 0 and time.time() < deadline:
+        time.sleep(0.005)
+    second = httpx.post(f"{live.url}/infill", json=dict(LONG, n_predict=4), timeout=60)
+    thread.join()
+    assert second.status_code == 200
+    reasons = [e[1] for e in live.engine.scheduler.recent if e[0] and e[0].endswith("pkg/long.py")]
+    assert "superseded" in reasons
+    assert results["first"]["timings"]["predicted_n"] < 500
+
+
+def test_index_update_visible_to_next_completion(live, repo):
+    r = httpx.post(f"{live.url}/v1/index/files", json={"files": [
+        {"path": "pkg/new.py", "text": "zebra_total = count_zebras(herd)\n"}]})
+    assert r.status_code == 200 and r.json() == {"updated": 1, "removed": 0}
+    assert live.engine.index.propose("zebra_to")[0].text == "tal = count_zebras(herd)"
+    body = {"input_prefix": "", "prompt": "zebra_to", "input_suffix": "", "n_predict": 4, "path": "pkg/new2.py"}
+    assert httpx.post(f"{live.url}/infill", json=body).status_code == 200
+    (repo / "pkg" / "disk.py").write_text("walrus_count = tally(walruses)\n")
+    assert httpx.post(f"{live.url}/v1/index", json={"path": "pkg/disk.py"}).json()["status"] == "updated"
+    assert live.engine.index.propose("walrus_c")[0].text == "ount = tally(walruses)"
+    r = httpx.post(f"{live.url}/v1/index/files", json={"files": [{"path": "pkg/new.py", "deleted": True}]})
+    assert r.json() == {"updated": 0, "removed": 1} and live.engine.index.propose("zebra_to") == []
+
+
+def test_index_paths_cannot_escape(live, repo, tmp_path):
+    r = httpx.post(f"{live.url}/v1/index", json={"path": "../outside.py"})
+    assert r.status_code == 403
+    r = httpx.post(f"{live.url}/v1/index", json={"path": "/etc/passwd"})
+    assert r.status_code == 403
+    (tmp_path / "secret.py").write_text("secret = 1\n")
+    link = repo / "pkg" / "link.py"
+    if not link.exists():
+        link.symlink_to(tmp_path / "secret.py")
+    assert httpx.post(f"{live.url}/v1/index", json={"path": "pkg/link.py"}).status_code == 403
+    fifo = repo / "pkg" / "pipe.py"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    r = httpx.post(f"{live.url}/v1/index", json={"path": "pkg/pipe.py"})
+    assert r.status_code == 400 and "regular file" in r.json()["error"]["message"]
+    r = httpx.post(f"{live.url}/v1/index/files", json={"files": [{"path": "../x.py", "text": "x"}]})
+    assert r.status_code == 403
