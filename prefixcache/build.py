@@ -21,7 +21,7 @@ def content_hash(text: str) -> str:
 def _index_chunk(args):
     """Worker: (root, [(file index, path)]) -> (units, follows, file records, skipped)."""
     root, chunk = args
-    units, follows, files, skipped = {}, Counter(), [], Counter()
+    units, follows, files, skipped = {}, {}, [], Counter()
     for file_index, rel in chunk:
         text = read_source(Path(root), rel, skipped)
         if text is None:
@@ -29,12 +29,16 @@ def _index_chunk(args):
         found = extract(rel, text)
         files.append((file_index, rel, content_hash(text), len(text), found.parsed))
         merge_units(units, found.units, file_index)
-        follows.update(found.follows)
+        merge_units(follows, found.follows, file_index)
     return units, follows, files, skipped
 
 
 def merge_units(units: dict, found: Counter, file_index: int) -> None:
-    """units: text -> [count, file index | MULTI_FILE flag]; the lowest file index is kept."""
+    """units: key -> [count, file index | MULTI_FILE flag]; the lowest file index is kept.
+
+    Used for units (text keys) and for line-follows pairs ((previous, line) keys) alike, so that
+    a tombstoned file hides exactly what only it contained.
+    """
     for text, count in found.items():
         entry = units.get(text)
         if entry is None:
@@ -68,22 +72,23 @@ def build_tables(root: Path, workers: int | None = None, progress: bool = False,
     else:
         chunks = [(str(root), indexed[i : i + 32]) for i in range(0, len(indexed), 32)]
         results = _collect(map(_index_chunk, chunks), len(chunks), progress)
-    units, follows, records, skipped = {}, Counter(), [], Counter()
+    units, follows, records, skipped = {}, {}, [], Counter()
     for part_units, part_follows, part_files, part_skipped in results:
         _merge_chunk_units(units, part_units)
-        follows.update(part_follows)
+        _merge_chunk_units(follows, part_follows)
         records.extend(part_files)
         skipped.update(part_skipped)
-    return units, follows, _renumber(units, records), skipped, len(paths)
+    return units, follows, _renumber((units, follows), records), skipped, len(paths)
 
 
-def _renumber(units: dict, records: list) -> list:
-    """Files sorted by path, numbered densely; unit file indices remapped to match."""
+def _renumber(tables, records: list) -> list:
+    """Files sorted by path, numbered densely; file indices in the tables remapped to match."""
     records.sort(key=lambda r: r[1])
     remap = {r[0]: new for new, r in enumerate(records)}
-    for entry in units.values():
-        flag = entry[1] & MULTI_FILE
-        entry[1] = remap[entry[1] & ~MULTI_FILE] | flag
+    for table in tables:
+        for entry in table.values():
+            flag = entry[1] & MULTI_FILE
+            entry[1] = remap[entry[1] & ~MULTI_FILE] | flag
     return [{"path": r[1], "hash": r[2], "chars": r[3], "parsed": r[4]} for r in records]
 
 

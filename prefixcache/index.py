@@ -118,15 +118,20 @@ class Index:
             if count:
                 base = owner & ~MULTI_FILE
                 units[text] = [count, remap.get(base, 0) | (owner & MULTI_FILE)]
-        follows = Counter()
-        for prev, kid in self.static.trie.iteritems():
-            lo, hi = int(self.static.follow_offsets[kid]), int(self.static.follow_offsets[kid + 1])
-            for nid, count in zip(self.static.follow_ids[lo:hi], self.static.follow_counts[lo:hi], strict=True):
-                follows[(prev, self.static.trie.restore_key(int(nid)))] += int(count)
+        follows = {}
+        static = self.static
+        for prev, kid in static.trie.iteritems():
+            lo, hi = int(static.follow_offsets[kid]), int(static.follow_offsets[kid + 1])
+            for j in range(lo, hi):
+                owner = int(static.follow_file[j])
+                if self._hidden(owner):
+                    continue
+                key = (prev, static.trie.restore_key(int(static.follow_ids[j])))
+                follows[key] = [int(static.follow_counts[j]), remap.get(owner & ~MULTI_FILE, 0) | (owner & MULTI_FILE)]
         for rel, found in self.overlay.per_file.items():
             files.append({"path": rel, "hash": "", "chars": 0, "parsed": found.parsed})
             merge_units(units, found.units, len(files) - 1)
-            follows.update(found.follows)
+            merge_units(follows, found.follows, len(files) - 1)
         self.static = StaticIndex.build(units, follows)
         self.files = files
         self.file_index = {f["path"]: i for i, f in enumerate(files)}
@@ -156,11 +161,13 @@ class Index:
                 entries.append((unit[len(partial) :], count, source, weight))
         return proposer.rank(entries, rel, k)
 
+    def _hidden(self, owner: int) -> bool:
+        """True for a static entry found only in a tombstoned (changed or removed) file."""
+        return not owner & MULTI_FILE and owner in self.overlay.tombstones
+
     def _static_entry(self, kid: int):
         count, owner = int(self.static.counts[kid]), int(self.static.file_of[kid])
-        if not owner & MULTI_FILE and owner in self.overlay.tombstones:
-            return 0, owner
-        return count, owner
+        return (0, owner) if self._hidden(owner) else (count, owner)
 
     def _source(self, owner: int):
         i = owner & ~MULTI_FILE
@@ -178,13 +185,14 @@ class Index:
         yield from self.overlay.with_prefix(partial, proposer.PER_PARTIAL)
 
     def _following(self, previous: str):
-        kid = self.static.trie.get(previous)
+        static = self.static
+        kid = static.trie.get(previous)
         if kid is not None:
-            lo, hi = int(self.static.follow_offsets[kid]), int(self.static.follow_offsets[kid + 1])
-            for nid, count in zip(self.static.follow_ids[lo:hi].tolist(), self.static.follow_counts[lo:hi].tolist(), strict=True):
-                ncount, owner = self._static_entry(nid)
-                if ncount:
-                    yield self.static.trie.restore_key(nid), count, self._source(owner)
+            lo, hi = int(static.follow_offsets[kid]), int(static.follow_offsets[kid + 1])
+            for nid, count, owner in zip(static.follow_ids[lo:hi].tolist(), static.follow_counts[lo:hi].tolist(),
+                                         static.follow_file[lo:hi].tolist(), strict=True):
+                if not self._hidden(owner) and self._static_entry(nid)[0]:
+                    yield static.trie.restore_key(nid), count, self._source(owner)
         for line, count in self.overlay.follows.get(previous, {}).items():
             if count > 0:
                 yield line, count, self.overlay.unit_file.get(line)

@@ -8,8 +8,9 @@ Layout of an index directory (all written to a temporary directory, then renamed
     counts        [n] uint16 occurrences of each unit (saturating)
     file_of       [n] uint32 index into manifest files of one file the unit occurs in, with
                   MULTI_FILE set when it occurs in others too
-    follow_degree [n] uint16, follow_ids [m] uint32, follow_counts [m] uint16: for each line,
-                  the lines that follow it somewhere (CSR, offsets rebuilt from the degrees)
+    follow_degree [n] uint16, follow_ids [m] uint32, follow_counts [m] uint16, follow_file [m]
+                  uint32: for each line, the lines that follow it somewhere (CSR, offsets rebuilt
+                  from the degrees), with the file of each pair as in file_of
 
 Not every unit is kept: the trie holds what repeats (two or more occurrences) and short unique
 units; long unique lines (mostly one-off statements and prose) would triple the index for
@@ -30,7 +31,7 @@ import numpy as np
 FORMAT_VERSION = 1
 TIER_MIN_COUNTS = (64, 8)  # frequent units again in small tries, so a prefix search meets them first
 DATA_FILES = ("units.marisa", "arrays.npz") + tuple(f"tier{i}.marisa" for i in range(len(TIER_MIN_COUNTS)))
-_ARRAYS = ("counts", "file_of", "follow_ids", "follow_counts")
+_ARRAYS = ("counts", "file_of", "follow_ids", "follow_counts", "follow_file")
 MAX_UNIQUE_UNIT_CHARS = 40
 
 
@@ -50,11 +51,12 @@ class StaticIndex:
     follow_offsets: np.ndarray
     follow_ids: np.ndarray
     follow_counts: np.ndarray
+    follow_file: np.ndarray
     tiers: tuple = ()  # marisa tries of the units with at least TIER_MIN_COUNTS[i] occurrences
 
     @classmethod
     def build(cls, units: dict, follows: dict) -> "StaticIndex":
-        """units: text -> (count, file index); follows: (previous line, line) -> count."""
+        """units: text -> (count, file index); follows: (previous line, line) -> (count, file index)."""
         keys = [k for k, (count, _) in units.items() if keep_unit(k, count)]
         counts_list = [units[k][0] for k in keys]
         trie = marisa_trie.Trie(keys, weights=counts_list)
@@ -64,11 +66,11 @@ class StaticIndex:
         ids = np.fromiter((trie.key_id(k) for k in keys), dtype=np.int64, count=len(keys))
         counts[ids] = np.minimum(np.array(counts_list, dtype=np.int64), 65535)
         file_of[ids] = np.fromiter((units[k][1] for k in keys), dtype=np.int64, count=len(keys))
-        offsets, follow_ids, follow_counts = _follow_arrays(trie, follows, n)
+        offsets, follow_ids, follow_counts, follow_file = _follow_arrays(trie, follows, n)
         # marisa's predictive search walks heavy subtrees first, not heavy keys, so a short
         # prefix (`self.`) would meet rare units first; the tiers put frequent ones up front.
         tiers = tuple(marisa_trie.Trie([k for k, c in zip(keys, counts_list, strict=True) if c >= m]) for m in TIER_MIN_COUNTS)
-        return cls(trie, counts, file_of, offsets, follow_ids, follow_counts, tiers)
+        return cls(trie, counts, file_of, offsets, follow_ids, follow_counts, follow_file, tiers)
 
     def save(self, directory: Path) -> dict:
         """Writes the data files; returns {name: {size, blake2b}} for the manifest."""
@@ -115,20 +117,22 @@ MAX_FOLLOWERS = 64  # per line, the most frequent followers; also bounds a propo
 
 def _follow_arrays(trie, follows: dict, n: int):
     by_prev = {}
-    for (prev, line), count in follows.items():
+    for (prev, line), (count, owner) in follows.items():
         a, b = trie.get(prev), trie.get(line)
         if a is not None and b is not None:
-            by_prev.setdefault(a, []).append((count, b))
+            by_prev.setdefault(a, []).append((count, b, owner))
     degree = np.zeros(n, dtype=np.uint32)
-    follow_ids, follow_counts = [], []
+    follow_ids, follow_counts, follow_file = [], [], []
     for prev in sorted(by_prev):
         best = sorted(by_prev[prev], reverse=True)[:MAX_FOLLOWERS]
         degree[prev] = len(best)
-        follow_ids.extend(b for _, b in best)
-        follow_counts.extend(min(c, 65535) for c, _ in best)
+        follow_ids.extend(b for _, b, _ in best)
+        follow_counts.extend(min(c, 65535) for c, _, _ in best)
+        follow_file.extend(owner for _, _, owner in best)
     offsets = np.zeros(n + 1, dtype=np.uint32)
     np.cumsum(degree, out=offsets[1:])
-    return offsets, np.array(follow_ids, dtype=np.uint32), np.array(follow_counts, dtype=np.uint16)
+    return (offsets, np.array(follow_ids, dtype=np.uint32), np.array(follow_counts, dtype=np.uint16),
+            np.array(follow_file, dtype=np.uint32))
 
 
 def _file_digest(path: Path) -> dict:

@@ -84,13 +84,25 @@ class DraftRunner:
     def adopt(self, cache, tokens: list[int]) -> None:
         self.cache, self.synced = cache, list(tokens[: cache.length])
 
-    def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
-        """Greedy draft tokens after `committed`, and the cumulative probability of each."""
-        common = _common_prefix(self.synced, committed)
-        common = min(common, len(committed) - 1)  # the last committed token is fed below
+    def sync(self, committed: list[int]) -> None:
+        """Prefill the draft's cache with all but the last committed token (as the target's)."""
+        self._rewind(committed)
+        feed = committed[len(self.synced) : -1]
+        if feed:
+            positions = torch.arange(len(self.synced), len(self.synced) + len(feed))
+            self.model(torch.tensor(feed), positions, [Segment(self.cache, len(feed))], logits_rows=[])
+            self.cache.keep_all()
+            self.synced.extend(feed)
+
+    def _rewind(self, committed: list[int]) -> None:
+        common = min(_common_prefix(self.synced, committed), len(committed) - 1)
         self.cache.truncate(common)
         self.synced = self.synced[:common]
-        feed = committed[common:]
+
+    def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
+        """Greedy draft tokens after `committed`, and the cumulative probability of each."""
+        self._rewind(committed)  # the last committed token is fed below
+        feed = committed[len(self.synced) :]
         tokens, probs, p = [], [], 1.0
         for depth in range(max_depth):
             positions = torch.arange(len(self.synced), len(self.synced) + len(feed))

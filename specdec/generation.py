@@ -106,6 +106,8 @@ class Generation:
             positions = torch.arange(reuse, reuse + len(feed))
             engine.target(torch.tensor(feed), positions, [Segment(self.cache, len(feed))], logits_rows=[])
             self.cache.keep_all()
+        if self.draft is not None:
+            self.draft.sync(ids)
         self.stats["prefill_tokens"], self.stats["cached_tokens"] = len(ids) - reuse, reuse
         self.stats["prefill_ms"] = (time.perf_counter() - self.started) * 1000
         self.decode_started = time.perf_counter()

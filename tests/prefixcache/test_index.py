@@ -135,3 +135,13 @@ def test_cli_query_and_errors(repo, tmp_path, capsys):
     assert "expire(key, ttl)" in capsys.readouterr().out
     assert cli(["query", str(tmp_path / "nope"), "x"]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_tombstoned_file_hides_its_own_line_pairs(tmp_path):
+    """A pair of common lines that follow each other only in the updated file is gone after the update."""
+    (tmp_path / "a.py").write_text("x = 1\ny = 2\n")
+    (tmp_path / "b.py").write_text("y = 2\nz = 3\nx = 1\n")  # both lines occur elsewhere, the pair does not
+    idx = Index.build(tmp_path, workers=1)
+    assert "y = 2" in texts(idx.propose("x = 1\n"))
+    idx.update("a.py", "x = 1\n")
+    assert "y = 2" not in texts(idx.propose("x = 1\n"))

@@ -1,0 +1,97 @@
+"""python -m eval run --repo REPO --points N --seed S --strategies ar,draft,ngram,trie,hybrid --out DIR
+python -m eval compare A/results.json B/results.json"""
+
+import argparse
+import json
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+from eval.points import sample_points
+from eval.report import write_markdown, write_plots
+from eval.runner import expert_load_summary, run_points, summarize
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval")
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="evaluate strategies on random completion points of a repository")
+    r.add_argument("--repo", type=Path, required=True)
+    r.add_argument("--points", type=int, default=200)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--strategies", default="ar,draft,ngram,trie,hybrid")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--mode", choices=("single", "multi", "auto"), default="auto")
+    r.add_argument("--max-tokens", type=int, default=64)
+    r.add_argument("--target", type=Path)
+    r.add_argument("--draft", type=Path)
+    r.add_argument("--baselines", action="store_true", help="also time transformers' generate, prompt lookup and assisted decoding")
+    c = sub.add_parser("compare", help="print the differences between two results.json files")
+    c.add_argument("a", type=Path)
+    c.add_argument("b", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        return _run(args, argv) if args.command == "run" else _compare(args)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"eval: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(args, argv) -> int:
+    import torch
+
+    from prefixcache import Index
+    from specdec import Engine, default_model_dir
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if "ar" not in strategies:
+        strategies.insert(0, "ar")
+    if not args.repo.is_dir():
+        raise ValueError(f"{args.repo}: not a directory")
+    points = sample_points(args.repo, args.points, args.seed, args.mode)
+    if not points:
+        raise ValueError(f"{args.repo}: no source files to sample completion points from")
+    index = Index.build(args.repo)
+    engine = Engine.from_pretrained(args.target, args.draft, index)
+    baselines = None
+    if args.baselines:
+        from eval.baselines import HFBaselines
+
+        baselines = HFBaselines(args.target or default_model_dir() / "target",
+                                args.draft or (default_model_dir() / "draft" if args.target is None else None))
+    records = run_points(engine, index, points, strategies, args.max_tokens, args.seed, baselines=baselines)
+    results = {"repo": str(args.repo), "points": len(points), "seed": args.seed,
+               "target": str(engine.target.path), "draft": str(engine.draft.path if engine.draft else None),
+               "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
+               "strategies": summarize(records), "expert_load": expert_load_summary(engine.target)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / "points.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items()}) + "\n"
+                                                   for rows in records.values() for r in rows))
+    command = "python -m eval " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    write_markdown(results, args.out, command)
+    write_plots(results, records, args.out)
+    print((args.out / "report.md").read_text())
+    return 0
+
+
+def _compare(args) -> int:
+    a, b = (json.loads(p.read_text()) for p in (args.a, args.b))
+    keys = ("tau", "speedup_vs_ar", "tokens_per_s", "exact_match", "edit_similarity", "identical_to_ar")
+    print(f"{'strategy':10} {'metric':16} {'A':>10} {'B':>10} {'B-A':>10}")
+    for name in sorted(set(a["strategies"]) | set(b["strategies"])):
+        sa, sb = a["strategies"].get(name), b["strategies"].get(name)
+        if sa is None or sb is None:
+            print(f"{name:10} only in {'A' if sb is None else 'B'}")
+            continue
+        for key in keys:
+            print(f"{name:10} {key:16} {sa[key]:10.3f} {sb[key]:10.3f} {sb[key] - sa[key]:+10.3f}")
+        for q in ("p50", "p95"):
+            va, vb = sa["latency_ms"][q], sb["latency_ms"][q]
+            print(f"{name:10} {'latency ' + q:16} {va:10.1f} {vb:10.1f} {vb - va:+10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Peer baselines on the same weights through transformers: generate, prompt lookup, assisted decoding."""
+
+import time
+
+import torch
+
+NAMES = ("hf-ar", "hf-pld", "hf-assist")
+
+
+class FirstTokenRestriction:
+    """A logits processor applying our token-healing constraint to the first generated token."""
+
+    def __init__(self, prompt_length: int, allowed):
+        self.prompt_length, self.allowed = prompt_length, allowed
+
+    def __call__(self, input_ids, scores):
+        if self.allowed is not None and input_ids.shape[1] == self.prompt_length:
+            mask = torch.full_like(scores, float("-inf"))
+            mask[:, self.allowed] = 0
+            return scores + mask
+        return scores
+
+
+class HFBaselines:
+    names = NAMES
+
+    def __init__(self, target_dir, draft_dir):
+        from transformers import AutoModelForCausalLM
+
+        self.target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+        self.draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval() if draft_dir else None
+
+    def run(self, engine, point, reference: dict) -> dict:
+        """Generate as many tokens as `ar` did for this point; timed the same way (whole request)."""
+        from transformers import LogitsProcessorList
+
+        prompt = engine.prompts.build(point.prefix, point.suffix, path=point.path)
+        ids = torch.tensor([prompt.ids])
+        new_tokens = max(1, len(reference["tokens"]) + (reference["stop_reason"] == "eos"))
+        processors = LogitsProcessorList([FirstTokenRestriction(ids.shape[1], prompt.allowed_first)])
+        eos = sorted(engine.prompts.stop_ids)
+        variants = {"hf-ar": {}, "hf-pld": {"prompt_lookup_num_tokens": 10}}
+        if self.draft is not None:
+            variants["hf-assist"] = {"assistant_model": self.draft}
+        out = {}
+        for name, extra in variants.items():
+            start = time.perf_counter()
+            with torch.inference_mode():
+                generated = self.target.generate(ids, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos,
+                                                 pad_token_id=eos[0], logits_processor=processors, **extra)
+            ms = (time.perf_counter() - start) * 1000
+            tokens = [t for t in generated[0, ids.shape[1]:].tolist() if t not in engine.prompts.stop_ids]
+            tokens = tokens[: len(reference["tokens"])]
+            out[name] = {**reference, "tokens": tokens, "ms": ms, "decode_ms": ms, "passes": 0,
+                         "generated": len(tokens), "accepted_by_source": {},
+                         "text": reference["text"] if tokens == reference["tokens"] else engine.prompts.tokenizer.decode(tokens)}
+        return out

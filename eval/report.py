@@ -1,0 +1,88 @@
+"""report.md and PNG plots from a results.json and its per-point records."""
+
+from pathlib import Path
+
+
+def write_markdown(results: dict, out: Path, command: str) -> None:
+    rows = ["| strategy | tau | speedup vs ar | tokens/s | p50 ms | p95 ms | p99 ms | exact | edit sim | identical to ar | accepted (trie/draft/ngram/bonus) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, s in results["strategies"].items():
+        a = s["accepted_by_source"]
+        tau = f"{s['tau']:.2f}" if s["tau"] else "-"
+        rows.append(f"| {name} | {tau} | {s['speedup_vs_ar']:.2f}x | {s['tokens_per_s']:.0f} | "
+                    f"{s['latency_ms']['p50']:.0f} | {s['latency_ms']['p95']:.0f} | {s['latency_ms']['p99']:.0f} | "
+                    f"{s['exact_match']:.2f} | {s['edit_similarity']:.2f} | {s['identical_to_ar']:.2f} | "
+                    f"{a.get('trie', 0)}/{a.get('draft', 0)}/{a.get('ngram', 0)}/{a.get('bonus', 0)} |")
+    modes = ["", "## By mode", "", "| strategy | mode | points | tau | speedup | p50 ms | p95 ms |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, s in results["strategies"].items():
+        for mode, m in s.get("by_mode", {}).items():
+            modes.append(f"| {name} | {mode} | {m['points']} | {m['tau']:.2f} | {m['speedup_vs_ar']:.2f}x | "
+                         f"{m['latency_ms']['p50']:.0f} | {m['latency_ms']['p95']:.0f} |")
+    load = results.get("expert_load", {}).get("max_over_mean_per_layer", [])
+    text = [f"# Evaluation: {results['repo']}", "", f"`{command}`", "",
+            f"{results['points']} points, seed {results['seed']}, target `{results['target']}`, draft `{results['draft']}`, "
+            f"machine: {results.get('machine', '')}", "", *rows, *modes, "",
+            f"Expert load (max/mean tokens per expert, by layer): {', '.join(f'{x:.2f}' for x in load)}", "",
+            "Plots: latency_cdf.png, tau_hist.png, speedup_by_length.png, expert_load.png", ""]
+    (out / "report.md").write_text("\n".join(text))
+
+
+def write_plots(results: dict, records: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, rows in records.items():
+        ms = sorted(r["ms"] for r in rows)
+        ax.plot(ms, [(i + 1) / len(ms) for i in range(len(ms))], label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("fraction of completions")
+    ax.legend(fontsize=7)
+    ax.set_title("Latency CDF")
+    fig.tight_layout()
+    fig.savefig(out / "latency_cdf.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, rows in records.items():
+        taus = [r["generated"] / r["passes"] for r in rows if r["passes"]]
+        if taus and name != "ar":
+            ax.hist(taus, bins=20, alpha=0.5, label=name)
+    ax.set_xlabel("tau (tokens per target pass) per completion")
+    ax.legend(fontsize=7)
+    ax.set_title("tau histogram")
+    fig.tight_layout()
+    fig.savefig(out / "tau_hist.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    reference = records["ar"]
+    for name, rows in records.items():
+        if name == "ar":
+            continue
+        xs = [a["generated"] for a in reference]
+        ys = [a["ms"] / r["ms"] if r["ms"] else 0 for a, r in zip(reference, rows, strict=True)]
+        ax.scatter(xs, ys, s=8, alpha=0.5, label=name)
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.set_xlabel("completion length (tokens)")
+    ax.set_ylabel("speedup vs ar")
+    ax.legend(fontsize=7)
+    ax.set_title("Speedup by completion length")
+    fig.tight_layout()
+    fig.savefig(out / "speedup_by_length.png", dpi=110)
+    plt.close(fig)
+
+    load = results.get("expert_load", {}).get("tokens_per_expert", [])
+    if load:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        image = ax.imshow(load, aspect="auto", cmap="viridis")
+        ax.set_xlabel("expert")
+        ax.set_ylabel("MoE layer")
+        fig.colorbar(image, label="tokens routed")
+        ax.set_title("Expert load")
+        fig.tight_layout()
+        fig.savefig(out / "expert_load.png", dpi=110)
+        plt.close(fig)

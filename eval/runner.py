@@ -1,0 +1,114 @@
+"""Running every strategy on the same completion points, interleaved, and aggregating the figures."""
+
+import random
+import sys
+import time
+
+from eval.metrics import edit_similarity, exact_match, median, percentile
+from eval.points import Point
+
+WARMUP_POINTS = 3
+
+
+def run_points(engine, index, points: list[Point], strategies, max_tokens: int, seed: int, progress=True,
+               baselines=None) -> dict:
+    """{strategy: [per-point record]}; `ar` must be among the strategies (it is the reference)."""
+    rng = random.Random(seed)
+    records = {s: [] for s in strategies}
+    if baselines:
+        records.update({name: [] for name in baselines.names})
+    for point in points[:WARMUP_POINTS]:  # warm the caches and lazy measurements, untimed
+        _complete(engine, index, point, "hybrid", max_tokens)
+    engine.target.reset_expert_load()
+    for i, point in enumerate(points):
+        prepare_point(index, point)
+        _complete(engine, index, point, "hybrid", 0)  # prefill the prompt cache, like an editor's earlier keystrokes
+        order = list(strategies)
+        rng.shuffle(order)
+        for strategy in order:
+            records[strategy].append(_record(point, _complete(engine, index, point, strategy, max_tokens)))
+        if baselines:
+            reference = records["ar"][-1]
+            for name, record in baselines.run(engine, point, reference).items():
+                records[name].append(record)
+        if progress:
+            bar = "#" * (30 * (i + 1) // len(points))
+            print(f"\reval [{bar:<30}] {i + 1}/{len(points)} points", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    return records
+
+
+def prepare_point(index, point: Point) -> None:
+    """The base index with this file cut at the cursor: nothing after the cursor stays visible."""
+    index.update(point.path, point.prefix)
+
+
+def _complete(engine, index, point: Point, strategy: str, max_tokens: int):
+    return engine.complete(point.prefix, point.suffix, strategy=strategy, mode=point.mode, max_tokens=max_tokens,
+                           path=point.path)
+
+
+def _record(point: Point, result) -> dict:
+    s = result.stats
+    return {"path": point.path, "mode": point.mode, "text": result.text, "tokens": result.tokens,
+            "truth": point.truth, "ms": s["total_ms"], "decode_ms": s["decode_ms"], "passes": s["target_passes"],
+            "generated": s["generated_tokens"], "accepted_by_source": s["accepted_by_source"],
+            "prefill_tokens": s["prefill_tokens"], "stop_reason": s["stop_reason"]}
+
+
+def summarize(records: dict) -> dict:
+    reference = records["ar"]
+    out = {}
+    for name, rows in records.items():
+        passes = sum(r["passes"] for r in rows)
+        generated = sum(r["generated"] for r in rows)
+        decode_s = sum(r["decode_ms"] for r in rows) / 1000
+        by_source = {}
+        for r in rows:
+            for source, n in r["accepted_by_source"].items():
+                by_source[source] = by_source.get(source, 0) + n
+        ratios = [a["ms"] / r["ms"] for a, r in zip(reference, rows, strict=True) if r["ms"] > 0]
+        latencies = [r["ms"] for r in rows]
+        out[name] = {
+            "points": len(rows),
+            "tau": generated / passes if passes else 0.0,
+            "speedup_vs_ar": median(ratios),
+            "tokens_per_s": generated / decode_s if decode_s else 0.0,
+            "latency_ms": {"p50": percentile(latencies, 0.5), "p95": percentile(latencies, 0.95),
+                           "p99": percentile(latencies, 0.99)},
+            "exact_match": sum(exact_match(r["text"], r["truth"]) for r in rows) / len(rows) if rows else 0.0,
+            "edit_similarity": sum(edit_similarity(r["text"], r["truth"]) for r in rows) / len(rows) if rows else 0.0,
+            "identical_to_ar": sum(r["tokens"] == a["tokens"] for a, r in zip(reference, rows, strict=True)) / len(rows)
+            if rows else 0.0,
+            "accepted_by_source": by_source,
+            "by_mode": _by_mode(rows, reference),
+        }
+    return out
+
+
+def _by_mode(rows, reference) -> dict:
+    out = {}
+    for mode in ("single", "multi"):
+        pairs = [(a, r) for a, r in zip(reference, rows, strict=True) if r["mode"] == mode]
+        if pairs:
+            passes = sum(r["passes"] for _, r in pairs)
+            out[mode] = {"points": len(pairs), "tau": sum(r["generated"] for _, r in pairs) / passes if passes else 0.0,
+                         "speedup_vs_ar": median([a["ms"] / r["ms"] for a, r in pairs if r["ms"] > 0]),
+                         "latency_ms": {"p50": percentile([r["ms"] for _, r in pairs], 0.5),
+                                        "p95": percentile([r["ms"] for _, r in pairs], 0.95)}}
+    return out
+
+
+def expert_load_summary(model) -> dict:
+    load = model.expert_load().float()
+    if load.numel() == 0:
+        return {"max_over_mean_per_layer": [], "tokens_per_expert": []}
+    ratio = (load.max(dim=1).values / load.mean(dim=1).clamp(min=1e-9)).tolist()
+    return {"max_over_mean_per_layer": [round(r, 3) for r in ratio], "tokens_per_expert": load.long().tolist()}
+
+
+def timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, (time.perf_counter() - start) * 1000
