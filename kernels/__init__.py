@@ -8,7 +8,7 @@ from kernels.attention_torch import tree_attention_torch
 from kernels.dispatch import backend_for
 from kernels.moe_torch import fused_moe_torch, moe_route_torch
 
-__all__ = ["moe_route", "fused_moe", "tree_attention", "backend_for"]
+__all__ = ["moe_route", "fused_moe", "tree_attention", "dequantize", "backend_for"]
 
 
 def moe_route(router_logits, top_k: int, renormalize: bool):
@@ -20,13 +20,31 @@ def moe_route(router_logits, top_k: int, renormalize: bool):
     return moe_route_torch(router_logits, top_k, renormalize)
 
 
-def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids):
-    """x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], topk_* [T, k] -> [T, H]."""
+def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, w1_scale=None, w2_scale=None, block_shape=None):
+    """x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], topk_* [T, k] -> [T, H].
+
+    fp8 e4m3 weights take scales: per channel (w1_scale [E, 2I], w2_scale [E, H]) or, with
+    block_shape (128, 128), per block (w1_scale [E, 2I/128, H/128], w2_scale [E, H/128, I/128]).
+    """
     if backend_for(x) == "triton":
         from kernels.triton_moe import fused_moe_triton
 
-        return fused_moe_triton(x, w_gate_up, w_down, topk_weights, topk_ids)
+        return fused_moe_triton(x, w_gate_up, w_down, topk_weights, topk_ids,
+                                w1_scale=w1_scale, w2_scale=w2_scale, block_shape=block_shape)
+    if w1_scale is not None:
+        w_gate_up = dequantize(w_gate_up, w1_scale, block_shape, x.dtype)
+        w_down = dequantize(w_down, w2_scale, block_shape, x.dtype)
     return fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids)
+
+
+def dequantize(weight, scale, block_shape, dtype):
+    """fp8 [E, N, K] with per-channel [E, N] or per-block [E, N/b, K/b] scales -> dtype."""
+    w = weight.float()
+    if block_shape is None:
+        return (w * scale[..., None]).to(dtype)
+    b = block_shape[0]
+    e, n, k = w.shape
+    return (w.view(e, n // b, b, k // b, b) * scale[:, :, None, :, None]).view(e, n, k).to(dtype)
 
 
 def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, scale=None):

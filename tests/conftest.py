@@ -1,5 +1,11 @@
 """Shared fixtures: tiny real checkpoints written by transformers (offline, from configs)."""
 
+import os
+
+# Triton kernels run in its interpreter on machines without a GPU (must be set before triton loads).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 import pytest
 import torch
 
