@@ -51,7 +51,8 @@ def main() -> int:
 
             tm.launch_config = configs.launch_config
             try:
-                results.append((timed(lambda: fused_moe_triton(x, w1, w2, weights, ids), device, 10), cfg))
+                run = lambda x=x, weights=weights, ids=ids: fused_moe_triton(x, w1, w2, weights, ids)  # noqa: E731
+                results.append((timed(run, device, 10), cfg))
             except Exception:  # a config that does not fit (shared memory, registers) is skipped
                 continue
         ms, cfg = min(results, key=lambda r: r[0])

@@ -39,7 +39,7 @@ def _tree_attention_kernel(q_ptr,  # [B, Hq, Tq, D]
     q = tl.load(q_ptr + b * sq_b + h * sq_h + offs_q[:, None] * sq_t + offs_d[None, :], mask=q_ok[:, None], other=0.0)
     q = q.to(tl.float32) * scale
     m = tl.full((BLOCK_Q,), -float("inf"), dtype=tl.float32)
-    l = tl.zeros((BLOCK_Q,), dtype=tl.float32)
+    denom = tl.zeros((BLOCK_Q,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_Q, HEAD_DIM), dtype=tl.float32)
     start = split * keys_per_split
     stop = tl.minimum(start + keys_per_split, total)
@@ -63,12 +63,12 @@ def _tree_attention_kernel(q_ptr,  # [B, Hq, Tq, D]
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
         p = tl.exp(scores - m_safe[:, None])
         alpha = tl.exp(m - m_safe)
-        l = l * alpha + tl.sum(p, axis=1)
+        denom = denom * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
         m = m_new
     base = (bh * SPLITS + split) * num_new
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]
-    lse = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), -float("inf"))
+    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
+    lse = tl.where(denom > 0, m + tl.log(tl.where(denom > 0, denom, 1.0)), -float("inf"))
     tl.store(part_out_ptr + (base + offs_q[:, None]) * HEAD_DIM + offs_d[None, :], out, mask=q_ok[:, None] & (offs_q[:, None] < num_new))
     tl.store(part_lse_ptr + base + offs_q, lse, mask=q_ok & (offs_q < num_new))
 
