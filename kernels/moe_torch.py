@@ -23,6 +23,8 @@ def fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids):
     """
     num_tokens, top_k = topk_ids.shape
     num_experts = w_gate_up.shape[0]
+    if num_tokens == 1:
+        return _single_token(x, w_gate_up, w_down, topk_weights, topk_ids)
     flat_ids = topk_ids.reshape(-1)  # [T*A]
     order = torch.argsort(flat_ids, stable=True)  # (token, slot) pairs sorted by expert
     counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
@@ -40,3 +42,13 @@ def fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids):
         y = F.linear(F.silu(gate) * up, w_down[expert])  # [c, H]
         per_pair.index_copy_(0, pairs, y * flat_weights[pairs, None])
     return per_pair.view(num_tokens, top_k, -1).sum(dim=1)
+
+
+def _single_token(x, w_gate_up, w_down, topk_weights, topk_ids):
+    """Decode fast path: one token, its top-k experts one after another (no sorting or scatter)."""
+    out = None
+    for expert, weight in zip(topk_ids[0].tolist(), topk_weights[0].to(x.dtype), strict=True):
+        gate, up = F.linear(x, w_gate_up[expert]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w_down[expert]) * weight
+        out = y if out is None else out + y
+    return out

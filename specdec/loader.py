@@ -47,6 +47,7 @@ def load_model(path, dtype=torch.float32, device="cpu") -> Transformer:
             module.tokens_per_expert = torch.zeros(cfg.num_experts, dtype=torch.long, device=device)
     model.tokenizer = _load_tokenizer(path)
     model.path = path
+    model.fuse_for_inference()
     return model.eval()
 
 

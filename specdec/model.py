@@ -34,10 +34,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        # Normalise in fp32 as the reference implementations do, so bf16/fp16 agree with them.
+        # Normalised in fp32 as the reference implementations do, so that bf16/fp16 agree with
+        # them. (F.rms_norm is one op but measured 3x slower than these five on small CPU rows.)
+        if x.dtype == torch.float32:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 def rope_cos_sin(positions, head_dim: int, theta: float, dtype):
@@ -68,11 +70,25 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
+    def fuse(self) -> None:
+        """One [q; k; v] projection for inference (three small matmuls cost three dispatches)."""
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]) if self.cfg.attention_bias else None
+        self._qkv = (weight.detach(), None if bias is None else bias.detach())
+
+    def _project(self, x):
+        cfg = self.cfg
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        if getattr(self, "_qkv", None) is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return F.linear(x, *self._qkv).split((q_dim, kv_dim, kv_dim), dim=-1)
+
     def forward(self, x, cos, sin, segments):
         n, cfg = x.shape[0], self.cfg
-        q = self.q_proj(x).view(n, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x).view(n, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self._project(x)
+        q = q.reshape(n, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(n, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -157,6 +173,11 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tokenizer = None
         self.path = None
+
+    def fuse_for_inference(self) -> None:
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.fuse()
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:

@@ -1,0 +1,146 @@
+"""Load test: concurrent typing sessions against a real `specdec serve` on loopback.
+
+    python bench/load_server.py --repo REPO [--sessions 16] [--seconds 60] [--port 8123]
+
+Each session types a real file of the repository character by character (one keystroke every
+--interval ms); every keystroke sends llama.vim's /infill request, and a newer keystroke
+abandons (disconnects) the previous request if it is still running, as editors do. Reports
+p50/p95 latency of completed requests, 5xx count, and the server's RSS before and after.
+Bounded: loopback only, --seconds of load, at most --sessions clients.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def body(text: str, cursor: int, path: str) -> dict:
+    line_start = text.rfind("\n", 0, cursor) + 1
+    line_end = text.find("\n", cursor)
+    line_end = len(text) if line_end < 0 else line_end
+    before = text[:line_start].split("\n")[-257:]
+    return {"input_prefix": "\n".join(before), "prompt": text[line_start:cursor],
+            "input_suffix": text[cursor:line_end] + "\n" + "\n".join(text[line_end + 1 :].split("\n")[:64]),
+            "input_extra": [], "n_predict": 32, "stop": [], "n_indent": 0, "top_k": 40, "top_p": 0.90,
+            "stream": False, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
+            "t_max_prompt_ms": 500, "t_max_predict_ms": 250, "path": path,
+            "response_fields": ["content", "timings/predicted_n", "tokens_cached"]}
+
+
+async def session(client, url, files, deadline, interval, rng, stats):
+    path, text = rng.choice(files)
+    cursor = rng.randrange(0, max(1, len(text) - 2000))
+    pending = None
+    while time.monotonic() < deadline:
+        cursor += 1
+        if pending is not None and not pending.done():
+            pending.cancel()  # the editor moved on: drop the stale request
+            stats["abandoned"] += 1
+        pending = asyncio.create_task(request(client, url, body(text, cursor, path), stats))
+        await asyncio.sleep(interval / 1000 * rng.uniform(0.5, 1.5))
+    if pending is not None:
+        await asyncio.gather(pending, return_exceptions=True)
+
+
+async def request(client, url, payload, stats):
+    start = time.perf_counter()
+    try:
+        r = await client.post(f"{url}/infill", json=payload, timeout=30)
+    except asyncio.CancelledError:
+        raise
+    except httpx.HTTPError:
+        stats["errors"] += 1
+        return
+    stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
+    if r.status_code == 200:
+        stats["latency"].append((time.perf_counter() - start) * 1000)
+
+
+def start_server(repo: Path, port: int):
+    cmd = [sys.executable, "-m", "specdec.cli", "serve", "--repo", str(repo), "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            health = httpx.get(f"{url}/health", timeout=1).json()
+            if health["index"]["state"] in ("ready", "failed"):
+                return proc, url
+        except (httpx.HTTPError, ValueError):
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+        time.sleep(0.5)
+    raise RuntimeError("server did not become ready")
+
+
+async def run(args) -> dict:
+    proc, url = start_server(args.repo, args.port)
+    try:
+        files = [(p.relative_to(args.repo).as_posix(), p.read_text(errors="replace"))
+                 for p in sorted(args.repo.rglob("*.py")) if p.stat().st_size > 3000][:200]
+        rng = random.Random(args.seed)
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=4 * args.sessions)) as client:
+            for _ in range(3):  # warm-up
+                await client.post(f"{url}/infill", json=body(files[0][1], 500, files[0][0]), timeout=60)
+            rss_before = rss_mb(proc.pid)
+            stats = {"latency": [], "status": {}, "errors": 0, "abandoned": 0}
+            deadline = time.monotonic() + args.seconds
+            await asyncio.gather(*(session(client, url, files, deadline, args.interval, random.Random(rng.random()), stats)
+                                   for _ in range(args.sessions)))
+            await asyncio.sleep(1.0)
+            rss_after = rss_mb(proc.pid)
+            metrics = (await client.get(f"{url}/metrics")).text
+        lat = sorted(stats["latency"])
+        pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
+        tau = next((line.split()[1] for line in metrics.splitlines() if line.startswith("specdec_tau ")), None)
+        return {"sessions": args.sessions, "seconds": args.seconds, "completed": len(lat), "abandoned": stats["abandoned"],
+                "status": stats["status"], "client_errors": stats["errors"],
+                "server_5xx": sum(n for s, n in stats["status"].items() if s >= 500),
+                "latency_ms_p50": pick(0.5), "latency_ms_p95": pick(0.95), "rss_mb_before": rss_before,
+                "rss_mb_after": rss_after, "tau": tau}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--repo", type=Path, required=True)
+    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--interval", type=float, default=150, help="ms between keystrokes of one session")
+    p.add_argument("--port", type=int, default=8123)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    args.sessions, args.seconds = min(args.sessions, 64), min(args.seconds, 600)
+    report = asyncio.run(run(args))
+    print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["server_5xx"] == 0 else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

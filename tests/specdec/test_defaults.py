@@ -1,0 +1,88 @@
+"""The embedded default models: complete, loadable by transformers, completing real code."""
+
+import pytest
+import torch
+
+from prefixcache import grammars
+from specdec import Engine, default_model_dir, load_model
+from specdec.generation import STRATEGIES
+from tests.helpers import code_prompts
+
+DEFAULTS = default_model_dir()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine.from_pretrained()
+
+
+def test_layout_and_size():
+    total = 0
+    for name in ("target", "draft"):
+        for file in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+            path = DEFAULTS / name / file
+            assert path.exists(), path
+            total += path.stat().st_size
+    assert total <= 60e6
+
+
+def test_target_is_moe_and_draft_is_cheaper(engine):
+    from specdec.training.recipe import active_params
+
+    target, draft = engine.target.config, engine.draft.config
+    assert target.architecture == "Qwen3MoeForCausalLM" and target.num_experts >= 8 and target.top_k == 2
+    assert draft.architecture in ("Qwen3ForCausalLM", "LlamaForCausalLM")
+    assert active_params(draft) * 8 <= active_params(target)
+
+
+@pytest.mark.parametrize("name", ["target", "draft"])
+def test_transformers_loads_the_defaults(name):
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(DEFAULTS / name, dtype=torch.float32).eval()
+    ours = load_model(DEFAULTS / name)
+    ids = torch.randint(0, ours.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = reference(ids).logits
+    assert ((ours.logits(ids) - expected).abs().max() / expected.abs().max()) < 1e-4
+
+
+def _errors(tree) -> int:
+    count, stack = 0, [tree.root_node]
+    while stack:
+        node = stack.pop()
+        count += node.type == "ERROR" or node.is_missing
+        stack.extend(node.children)
+    return count
+
+
+@pytest.mark.parametrize("fim_mode", ["spm", "psm"])
+def test_completions_splice_into_parsable_files(engine, fim_mode):
+    parser = grammars.parser("python")
+    engine.prompts.fim_mode = fim_mode
+    clean = 0
+    cases = [c for c in code_prompts(40, seed=5, before=1200, after=400) if c[1].endswith("\n")][:12]
+    cases = cases or code_prompts(12, seed=5, before=1200, after=400)
+    try:
+        for _path, prefix, suffix in cases:
+            # Cursor at the start of the line: complete the rest of the block.
+            result = engine.complete(prefix, suffix, strategy="hybrid", mode="multi", max_tokens=48)
+            before = _errors(parser.parse((prefix + suffix).encode()))
+            after = _errors(parser.parse((prefix + result.text + suffix).encode()))
+            clean += after <= before
+    finally:
+        engine.prompts.fim_mode = "spm"
+    assert clean >= len(cases) * 0.5, f"{clean} of {len(cases)} splices parse without new errors"
+
+
+def test_default_models_are_lossless(engine):
+    for _path, prefix, suffix in code_prompts(8, seed=11, before=800, after=200):
+        ref = engine.complete(prefix, suffix, strategy="ar", max_tokens=24, mode="multi")
+        for strategy in STRATEGIES:
+            assert engine.complete(prefix, suffix, strategy=strategy, max_tokens=24, mode="multi").tokens == ref.tokens
+
+
+def test_keystroke_follow_up_prefills_few_tokens(engine):
+    _path, prefix, suffix = code_prompts(1, seed=12, before=1500, after=300)[0]
+    engine.complete(prefix, suffix, max_tokens=8)
+    follow = engine.complete(prefix + "x", suffix, max_tokens=8)
+    assert follow.stats["prefill_tokens"] <= 8 and follow.stats["cached_tokens"] > 100
