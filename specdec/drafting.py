@@ -80,6 +80,7 @@ class DraftRunner:
         self.model = model
         self.cache = cache if cache is not None else model.new_cache()
         self.synced = []  # tokens whose keys and values are in the cache
+        self.alternatives = []  # runner-up first tokens of the last chain
 
     def adopt(self, cache, tokens: list[int]) -> None:
         self.cache, self.synced = cache, list(tokens[: cache.length])
@@ -100,10 +101,12 @@ class DraftRunner:
         self.synced = self.synced[:common]
 
     def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
-        """Greedy draft tokens after `committed`, and the cumulative probability of each."""
+        """Greedy draft tokens after `committed` with the cumulative probability of each, and the
+        runner-up first tokens [(token, prob)] as one-token branches (they cost no extra forward)."""
         self._rewind(committed)  # the last committed token is fed below
         feed = committed[len(self.synced) :]
         tokens, probs, p = [], [], 1.0
+        self.alternatives = []
         for depth in range(max_depth):
             positions = torch.arange(len(self.synced), len(self.synced) + len(feed))
             logits = self.model(torch.tensor(feed), positions, [Segment(self.cache, len(feed))], logits_rows=[len(feed) - 1])[0]
@@ -115,6 +118,10 @@ class DraftRunner:
                 logits = masked
             prob = torch.softmax(logits, dim=-1)
             token = int(torch.argmax(prob))
+            if depth == 0:
+                top = torch.topk(prob, 3)
+                self.alternatives = [(int(t), float(q)) for t, q in zip(top.indices[1:], top.values[1:], strict=True)
+                                     if float(q) >= min_prob and int(t) not in stop_ids]
             p *= float(prob[token])
             if p < min_prob:
                 break

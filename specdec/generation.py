@@ -137,6 +137,7 @@ class Generation:
                                              self.allowed_first if self.healing_pending else None, engine.prompts.stop_ids)
             scale = engine.acceptance.draft_scale
             paths.append(("draft", tokens, [p * scale for p in probs]))
+            paths += [("draft", [token], [prob * scale]) for token, prob in self.draft.alternatives]
         if self.allowed_set is not None and self.healing_pending:
             paths = [p for p in paths if p[1] and p[1][0] in self.allowed_set]
         grow_tree(tree, paths, engine.verify_cost, engine.max_tree_nodes)
