@@ -10,7 +10,7 @@ from server.deps import BodyDep, StateDep
 from server.schemas import infill_request
 
 router = APIRouter()
-STOP_TYPES = {"eos": "eos", "newline": "eos", "dedent": "eos", "suffix": "eos", "limit": "limit", "time": "limit",
+STOP_TYPES = {"eos": "eos", "newline": "eos", "dedent": "eos", "suffix": "eos", "repeat": "eos", "limit": "limit", "time": "limit",
               "word": "word"}
 
 

@@ -6,9 +6,11 @@ stays valid keystroke after keystroke):
   context  <|file_sep|>{filename}\n{text}    for each extra chunk, before the file
   PSM      <|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>
   SPM      <|fim_prefix|><|fim_suffix|>{suffix}<|fim_middle|>{prefix}
-Token healing: the prefix's last token is taken back out of the prompt, and the first generated
-token must start with its text, so a cursor inside a word (`redis_cl|`) does not force the model
-to continue from an unnatural token boundary.
+Token healing: the prefix's last token is taken back out of the prompt (or, when the prefix
+ends in whitespace, all its trailing whitespace tokens), and the first generated token must start
+with the text taken out. A cursor inside a word (`redis_cl|`) or after indentation (`\n    |`,
+which training text always tokenizes together with the next word's newline) then does not force
+the model to continue from a token boundary it never saw.
 """
 
 from dataclasses import dataclass
@@ -50,9 +52,7 @@ class PromptBuilder:
         prefix_ids, suffix_ids = self.encode(prefix), self.encode(suffix)
         healed, allowed = "", None
         if heal and prefix_ids:
-            healed = self.vocab_text[prefix_ids[-1]]
-            allowed = [i for i, t in enumerate(self.vocab_text) if t.startswith(healed) and i not in self.stop_ids]
-            prefix_ids = prefix_ids[:-1]
+            prefix_ids, healed, allowed = self._heal(prefix_ids)
         budget = self.max_tokens - 4
         truncated = False
         if len(prefix_ids) + len(suffix_ids) > budget:  # keep the text nearest the cursor
@@ -67,6 +67,18 @@ class PromptBuilder:
         else:
             ids = [sp[FIM_PREFIX], sp[FIM_SUFFIX], *suffix_ids, sp[FIM_MIDDLE], *prefix_ids]
         return Prompt(context[0] + ids, healed, allowed, truncated)
+
+    def _heal(self, ids: list[int]):
+        """(ids without the healed tail, the tail's text, tokens allowed to start the completion)."""
+        back = 0
+        while back < min(4, len(ids)) and not self.vocab_text[ids[-1 - back]].strip():
+            back += 1
+        for count in ((back, 1) if back else (1,)):
+            text = "".join(self.vocab_text[i] for i in ids[len(ids) - count :])
+            allowed = [i for i, t in enumerate(self.vocab_text) if t.startswith(text) and i not in self.stop_ids]
+            if allowed:
+                return ids[: len(ids) - count], text, allowed
+        return ids, "", None
 
     def _context(self, extra, budget: int):
         """Context chunks, most recent last (nearest the file), dropped from the front to fit."""

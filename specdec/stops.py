@@ -2,8 +2,8 @@
 
 Each rule returns where to cut the text (or None): single-line mode ends at the first newline;
 multi-line mode ends before the first line indented less than the cursor's block (llama.cpp's
-n_indent); the output stops where it starts repeating the text after the cursor; explicit stop
-strings cut before themselves.
+n_indent); the output stops where it starts repeating the text after the cursor, or repeats its
+own previous line (small models loop); explicit stop strings cut before themselves.
 """
 
 from dataclasses import dataclass, field
@@ -20,7 +20,8 @@ class StopRules:
     def cut(self, text: str):
         """(cut position, reason) for the earliest rule that fires, else (None, None)."""
         best = (None, None)
-        for position, reason in (self._line(text), self._dedent(text), self._suffix(text), self._strings(text)):
+        for position, reason in (self._line(text), self._dedent(text), self._suffix(text), self._repeat(text),
+                                 self._strings(text)):
             if position is not None and (best[0] is None or position < best[0]):
                 best = (position, reason)
         return best
@@ -61,6 +62,18 @@ class StopRules:
                 if text[start:end].strip() == nxt and start > 0:
                     return start - 1, "suffix"
                 start = end + 1
+        return None, None
+
+    def _repeat(self, text):
+        """A complete line equal to the complete line before it (and not trivially short)."""
+        if self.single_line:
+            return None, None
+        lines = text.split("\n")[:-1]  # the last piece may still grow
+        offset = 0
+        for i, line in enumerate(lines):
+            if i and len(line.strip()) > 3 and line == lines[i - 1]:
+                return offset - 1, "repeat"
+            offset += len(line) + 1
         return None, None
 
     def _strings(self, text):
