@@ -43,6 +43,7 @@ class KVCache:
         self.length += self.pending
         self.pending = 0
 
+    @torch.inference_mode()
     def keep(self, indices) -> None:
         """Commit the pending tokens at `indices` (positions within the pending block, ascending)."""
         indices = list(indices)

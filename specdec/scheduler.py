@@ -87,6 +87,7 @@ class Scheduler:
                 log.exception("scheduler step failed")
                 self._fail_all()
 
+    @torch.inference_mode()  # caches are inference tensors: every in-place update must run in this mode
     def step(self) -> None:
         self._admit()
         self._reap()
