@@ -6,7 +6,7 @@ import torch
 from prefixcache import grammars
 from specdec import Engine, default_model_dir, load_model
 from specdec.generation import STRATEGIES
-from tests.helpers import code_prompts
+from tests.helpers import STDLIB, code_prompts
 
 DEFAULTS = default_model_dir()
 
@@ -55,17 +55,37 @@ def _errors(tree) -> int:
     return count
 
 
+def _line_start_cases(count: int, seed: int):
+    """(prefix up to a statement's indentation, suffix after that line) in real stdlib files."""
+    import random
+
+    rng = random.Random(seed)
+    files = [f for f in sorted(STDLIB.glob("*.py")) if 3000 < f.stat().st_size < 30000]
+    cases = []
+    while len(cases) < count:
+        text = rng.choice(files).read_text()
+        lines = text.split("\n")
+        row = rng.randrange(len(lines))
+        line = lines[row]
+        stripped = line.strip()
+        if not line.startswith("    ") or not stripped or stripped.startswith(("#", '"', "'")) or stripped.endswith((":", "\\", ",", "(")):
+            continue
+        start = sum(len(x) + 1 for x in lines[:row])
+        indent = len(line) - len(line.lstrip())
+        cases.append((text[: start + indent], text[start + len(line) :]))
+    return cases
+
+
 @pytest.mark.parametrize("fim_mode", ["spm", "psm"])
 def test_completions_splice_into_parsable_files(engine, fim_mode):
     parser = grammars.parser("python")
     engine.prompts.fim_mode = fim_mode
     clean = 0
-    cases = [c for c in code_prompts(40, seed=5, before=1200, after=400) if c[1].endswith("\n")][:12]
-    cases = cases or code_prompts(12, seed=5, before=1200, after=400)
+    cases = _line_start_cases(12, seed=5)
     try:
-        for _path, prefix, suffix in cases:
-            # Cursor at the start of the line: complete the rest of the block.
-            result = engine.complete(prefix, suffix, strategy="hybrid", mode="multi", max_tokens=48)
+        for prefix, suffix in cases:
+            # A statement removed from a real file: the completion fills its line (or block).
+            result = engine.complete(prefix, suffix, strategy="hybrid", mode="auto", max_tokens=48)
             before = _errors(parser.parse((prefix + suffix).encode()))
             after = _errors(parser.parse((prefix + result.text + suffix).encode()))
             clean += after <= before
