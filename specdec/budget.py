@@ -53,8 +53,14 @@ class VerifyCost:
         return self.millis[-1] + last * (n - self.sizes[-1])
 
 
-def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int) -> None:
-    """Insert nodes of `paths` [(source, tokens, probs)] best-first while they pay for themselves."""
+def min_useful_prob(cost: VerifyCost) -> float:
+    """The acceptance chance below which one more tree token costs more than it brings."""
+    return max(0.0, (cost(2) - cost(1)) / cost(1))
+
+
+def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int, force: bool = False) -> None:
+    """Insert nodes of `paths` [(source, tokens, probs)] best-first while they pay for themselves
+    (force: until the node budget is spent)."""
     heap = [(-probs[0], i, 0) for i, (_, tokens, probs) in enumerate(paths) if tokens]
     heapq.heapify(heap)
     expected = 0.0
@@ -63,8 +69,8 @@ def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int) -> None:
         source, tokens, probs = paths[i]
         n = len(tree)
         gain_rate = -neg_p / max(1e-6, cost(n + 1) - cost(n))
-        if gain_rate < (expected + 1.0) / cost(n) and n > 1:
-            break
+        if gain_rate < (expected + 1.0) / cost(n) and not force:
+            break  # also at n = 1: a tree that does not pay for itself is not built (plain decoding)
         added = tree.add_path(tokens[: depth + 1], source, probs[: depth + 1], max_nodes)
         expected += -neg_p if added else 0.0
         if depth + 1 < len(tokens):

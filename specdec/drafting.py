@@ -17,6 +17,13 @@ class AcceptanceStats:
         self.next = {"trie": 0.8, "ngram": 0.6}  # P(next token accepted | previous accepted)
         self.draft_scale = 0.9  # the draft's own probability, scaled by how calibrated it proved
 
+    def update_draft(self, predicted: float, accepted: int, rate=0.05) -> None:
+        """Calibrate the draft's probabilities: accepted draft tokens against their predicted sum."""
+        if predicted > 0:
+            ratio = min(1.5, accepted / predicted)
+            self.draft_scale += rate * (ratio * self.draft_scale - self.draft_scale)
+            self.draft_scale = min(1.0, max(0.05, self.draft_scale))
+
     def update(self, source: str, proposed_depth: int, accepted_depth: int, rate=0.05) -> None:
         if source not in self.first or proposed_depth == 0:
             return

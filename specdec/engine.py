@@ -24,7 +24,10 @@ def default_model_dir() -> Path:
 
 
 class Engine:
-    def __init__(self, target, draft=None, index=None, *, max_tree_nodes: int = 64, draft_depth: int = 8):
+    def __init__(self, target, draft=None, index=None, *, max_tree_nodes: int = 64, draft_depth: int = 8,
+                 adaptive: bool = True):
+        """adaptive=False always speculates with every node the sources offer (up to the budget):
+        for tests and measurements of speculation itself; True decides by measured speed."""
         if target.tokenizer is None:
             raise ValueError(f"{target.path}: the target model has no tokenizer.json")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -39,6 +42,33 @@ class Engine:
         self._verify_cost = None
         self._draft_min_prob = None
         self.lock = threading.Lock()
+        # Milliseconds per generated token of speculative and of plain steps, per strategy (EMA):
+        # speculation is used only where it is measured to be faster (it rarely is with a
+        # draft the target disagrees with, or where verifying a tree wakes many more experts).
+        self.step_speed = {}
+        self._decisions = 0
+        self.adaptive = adaptive
+
+    EXPLORE_EVERY = 8  # one step in this many tries the slower kind, so the estimate stays current
+
+    def should_speculate(self, strategy: str) -> bool:
+        if not self.adaptive:
+            return True
+        speeds = self.step_speed.get(strategy, {})
+        spec, plain = speeds.get("spec"), speeds.get("plain")
+        if spec is None or plain is None:
+            return spec is None
+        self._decisions += 1
+        faster = spec < plain
+        return faster if self._decisions % self.EXPLORE_EVERY else not faster
+
+    def record_step(self, strategy: str, speculative: bool, millis: float, tokens: int, rate: float = 0.1) -> None:
+        if tokens <= 0:
+            return
+        speeds = self.step_speed.setdefault(strategy, {})
+        kind = "spec" if speculative else "plain"
+        value = millis / tokens
+        speeds[kind] = value if kind not in speeds else speeds[kind] + rate * (value - speeds[kind])
 
     @classmethod
     def from_pretrained(cls, target=None, draft=None, index=None, **kwargs) -> "Engine":

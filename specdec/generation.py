@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.accept import Sampling, accept
-from specdec.budget import grow_tree
+from specdec.budget import grow_tree, min_useful_prob
 from specdec.drafting import DraftRunner, ngram_paths, trie_paths
 from specdec.model import Segment
 from specdec.stops import rules_for
@@ -77,6 +77,7 @@ class Generation:
         self.finished = threading.Event()
         self.stop_reason = None
         self.cache = self.draft = None
+        self.speculating = False
         self.on_tokens = None  # optional callback(text_so_far) for streaming, called on the scheduler thread
         self.on_finish = None  # optional callback() once finished, called on the thread that finishes it
         self.error = None
@@ -123,7 +124,8 @@ class Generation:
     def propose(self) -> TokenTree:
         engine, strategy = self.engine, self.request.strategy
         tree = TokenTree(self.committed[-1])
-        if strategy == "ar":
+        self.speculating = strategy != "ar" and engine.should_speculate(strategy)
+        if not self.speculating:
             return tree
         paths = []
         healed = self.prompt.healed_text if self.healing_pending else ""
@@ -133,14 +135,18 @@ class Generation:
         if strategy == "ngram":
             paths += ngram_paths(self.committed, engine.acceptance)
         if self.draft is not None:
-            tokens, probs = self.draft.chain(self.committed, engine.draft_depth, engine.draft_min_prob,
+            # A draft token must pay for its draft forward and for its place in the tree.
+            floor = engine.draft_min_prob
+            if engine.adaptive:
+                floor = max(floor, min_useful_prob(engine.verify_cost)) / engine.acceptance.draft_scale
+            tokens, probs = self.draft.chain(self.committed, engine.draft_depth, min(0.95, floor),
                                              self.allowed_first if self.healing_pending else None, engine.prompts.stop_ids)
             scale = engine.acceptance.draft_scale
             paths.append(("draft", tokens, [p * scale for p in probs]))
             paths += [("draft", [token], [prob * scale]) for token, prob in self.draft.alternatives]
         if self.allowed_set is not None and self.healing_pending:
             paths = [p for p in paths if p[1] and p[1][0] in self.allowed_set]
-        grow_tree(tree, paths, engine.verify_cost, engine.max_tree_nodes)
+        grow_tree(tree, paths, engine.verify_cost, engine.max_tree_nodes, force=not engine.adaptive)
         self.stats["tree_nodes"] += len(tree)
         return tree
 
@@ -162,6 +168,7 @@ class Generation:
         by_source["bonus"] += 1
         self._learn(tree, result.nodes)
         new_tokens = [tree.tokens[n] for n in result.nodes] + [result.bonus]
+        self.last_step_tokens = len(new_tokens)
         self.committed.extend(new_tokens)
         for token in new_tokens:
             if self._append(token):
@@ -207,6 +214,8 @@ class Generation:
             accepted[tree.sources[node]] = accepted.get(tree.sources[node], 0) + 1
         for source, depth in depth_by_source.items():
             self.engine.acceptance.update(source, depth, accepted.get(source, 0))
+        predicted = sum(tree.probs[n] for n in range(1, len(tree)) if tree.sources[n] == "draft")
+        self.engine.acceptance.update_draft(predicted, accepted.get("draft", 0))
 
     def _finish(self, reason: str) -> None:
         if self.finished.is_set():

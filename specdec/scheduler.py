@@ -9,6 +9,7 @@ Engine.complete) or on a background thread (for the server).
 
 import logging
 import threading
+import time
 from collections import deque
 
 import torch
@@ -93,6 +94,7 @@ class Scheduler:
         self._reap()
         if not self.active:
             return
+        started = time.perf_counter()
         trees = [(g, g.propose()) for g in self.active]
         tokens, positions, segments = zip(*(g.segment(t) for g, t in trees), strict=True)
         logits = self.engine.target(torch.cat(tokens), torch.cat(positions), list(segments))
@@ -100,6 +102,10 @@ class Scheduler:
         for g, tree in trees:
             g.commit(tree, logits[start : start + len(tree)])
             start += len(tree)
+        share = (time.perf_counter() - started) * 1000 / len(trees)
+        for g, _ in trees:
+            if g.request.strategy != "ar":
+                self.engine.record_step(g.request.strategy, g.speculating, share, g.last_step_tokens)
         self.steps += 1
         self._reap()
 

@@ -95,6 +95,7 @@ def test_completions_splice_into_parsable_files(engine, fim_mode):
 
 
 def test_default_models_are_lossless(engine):
+    engine = Engine(engine.target, engine.draft, None, adaptive=False)  # speculate at every step
     for _path, prefix, suffix in code_prompts(8, seed=11, before=800, after=200):
         ref = engine.complete(prefix, suffix, strategy="ar", max_tokens=24, mode="multi")
         for strategy in STRATEGIES:
@@ -106,3 +107,12 @@ def test_keystroke_follow_up_prefills_few_tokens(engine):
     engine.complete(prefix, suffix, max_tokens=8)
     follow = engine.complete(prefix + "x", suffix, max_tokens=8)
     assert follow.stats["prefill_tokens"] <= 8 and follow.stats["cached_tokens"] > 100
+
+
+def test_adaptive_engine_falls_back_to_plain_decoding_when_speculation_is_slower(engine):
+    for _path, prefix, suffix in code_prompts(4, seed=13, before=600, after=100):
+        engine.complete(prefix, suffix, strategy="draft", max_tokens=24, mode="multi")
+    speeds = engine.step_speed["draft"]
+    assert set(speeds) == {"spec", "plain"} and min(speeds.values()) > 0
+    decisions = [engine.should_speculate("draft") for _ in range(2 * engine.EXPLORE_EVERY)]
+    assert decisions.count(speeds["spec"] < speeds["plain"]) == 2 * engine.EXPLORE_EVERY - 2

@@ -12,7 +12,7 @@ from tests.helpers import STDLIB, code_prompts
 def engine(tiny_models):
     target, draft = tiny_models
     index = Index.build(STDLIB / "json", workers=1)
-    return Engine(load_model(target), load_model(draft), index)
+    return Engine(load_model(target), load_model(draft), index, adaptive=False)  # always speculate
 
 
 def test_all_strategies_match_ar_on_50_prompts(engine):
@@ -40,7 +40,7 @@ def test_batched_equals_alone(engine):
 
 def test_speculation_accepts_tokens(engine):
     """With the target as its own draft, draft tokens are always accepted (tau well above 1)."""
-    twin = Engine(engine.target, engine.target, None)
+    twin = Engine(engine.target, engine.target, None, adaptive=False)
     twin._draft_min_prob = 0.0  # a draft as costly as the target is not worth it; force drafting anyway
     _, prefix, suffix = code_prompts(1, seed=3)[0]
     result = twin.complete(prefix, suffix, strategy="draft", max_tokens=24, mode="multi")
