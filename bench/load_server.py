@@ -106,7 +106,11 @@ async def run(args) -> dict:
                                    for _ in range(args.sessions)))
             await asyncio.sleep(1.0)
             rss_after = rss_mb(proc.pid)
-            metrics = (await client.get(f"{url}/metrics")).text
+        # A fresh client: cancelled requests can leave the load client's pool unusable.
+        try:
+            metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        except httpx.HTTPError as err:
+            metrics = f"# metrics unavailable: {err!r}"
         lat = sorted(stats["latency"])
         pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
         tau = next((line.split()[1] for line in metrics.splitlines() if line.startswith("specdec_tau ")), None)
@@ -114,7 +118,7 @@ async def run(args) -> dict:
                 "status": stats["status"], "client_errors": stats["errors"],
                 "server_5xx": sum(n for s, n in stats["status"].items() if s >= 500),
                 "latency_ms_p50": pick(0.5), "latency_ms_p95": pick(0.95), "rss_mb_before": rss_before,
-                "rss_mb_after": rss_after, "tau": tau}
+                "rss_mb_after": rss_after, "tau": tau, "server_alive_after": not metrics.startswith("# metrics unavailable")}
     finally:
         proc.send_signal(signal.SIGINT)
         try:

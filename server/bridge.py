@@ -22,12 +22,13 @@ class EngineBridge:
         self.engine, self.metrics = engine, metrics
         engine.scheduler.start()
 
-    def start(self, options: dict, document: str | None):
+    async def start(self, options: dict, document: str | None):
         """A submitted generation, with an asyncio queue of (kind, payload) events."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         try:
-            g = self.engine.generation(**options)
+            # Tokenizing a long prompt takes milliseconds: not on the event loop.
+            g = await asyncio.to_thread(self.engine.generation, **options)
         except ValueError as err:
             raise ApiError(400, str(err)) from None
         g.request.document = document
@@ -41,7 +42,7 @@ class EngineBridge:
 
     async def run(self, options: dict, document: str | None, request) -> object:
         """Wait for the whole result; a client that disconnects cancels its generation."""
-        g, events = self.start(options, document)
+        g, events = await self.start(options, document)
         try:
             while not g.finished.is_set():
                 try:

@@ -3,7 +3,7 @@
 import json
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from server.bridge import document_key
 from server.deps import BodyDep, StateDep
@@ -18,6 +18,8 @@ STOP_TYPES = {"eos": "eos", "newline": "eos", "dedent": "eos", "suffix": "eos", 
 async def infill(request: Request, state: StateDep, body: BodyDep):
     """Complete the code between input_prefix + prompt and input_suffix."""
     parsed = infill_request(body, state.settings)
+    if await request.is_disconnected():  # abandoned while queued in the server: skip the prompt work
+        return Response(status_code=499)
     options = parsed["options"]
     document = document_key(request.client.host if request.client else "-", options)
     if parsed["stream"]:
@@ -28,7 +30,7 @@ async def infill(request: Request, state: StateDep, body: BodyDep):
 
 
 async def _stream(state, options, document, fields):
-    g, events = state.bridge.start(options, document)
+    g, events = await state.bridge.start(options, document)
     sent = ""
     try:
         while True:

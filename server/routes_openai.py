@@ -5,7 +5,7 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from server.bridge import document_key
 from server.deps import BodyDep, StateDep
@@ -25,6 +25,8 @@ async def models(state: StateDep):
 async def completions(request: Request, state: StateDep, body: BodyDep):
     """Complete `prompt`, filling in before `suffix` when one is given."""
     parsed = completions_request(body, state.settings)
+    if await request.is_disconnected():  # abandoned while queued in the server: skip the prompt work
+        return Response(status_code=499)
     options, model = parsed["options"], parsed["model"]
     document = document_key(request.client.host if request.client else "-", options)
     meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
@@ -52,7 +54,7 @@ def _usage(result) -> dict:
 
 async def _stream(state, options, document, meta):
     """SSE: `data: {json}` events, then `data: [DONE]`; no comment lines (Continue stops at them)."""
-    g, events = state.bridge.start(options, document)
+    g, events = await state.bridge.start(options, document)
     sent = ""
     try:
         while True:

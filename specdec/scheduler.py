@@ -37,6 +37,7 @@ class Scheduler:
 
     def submit(self, generation) -> None:
         with self.lock:
+            self._drop_cancelled_waiting()
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self.waiting)} requests already waiting")
             document = generation.request.document
@@ -45,8 +46,16 @@ class Scheduler:
                     if other.request.document == document:
                         other.stop_reason = "superseded"
                         other.cancel()
+            self._drop_cancelled_waiting()
             self.waiting.append(generation)
             self.lock.notify()
+
+    def _drop_cancelled_waiting(self) -> None:
+        """Cancelled or superseded requests that never started leave the queue at once (caller holds the lock)."""
+        for g in [g for g in self.waiting if g.cancelled.is_set()]:
+            self.waiting.remove(g)
+            g._finish(g.stop_reason or "cancelled")
+            self.recent.append((g.request.document, g.stop_reason, 0, self.steps))
 
     def queue_depth(self) -> int:
         return len(self.waiting) + len(self.active)
