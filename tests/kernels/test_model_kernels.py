@@ -11,12 +11,12 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reaso
 
 def test_default_model_greedy_same_with_triton_kernels(monkeypatch):
     engine = Engine.from_pretrained()
-    prompts = [("def add(a, b):\n    return ", "\n"), ("import os\n\npath = os.path.", "\n"), ("for i in range(", "):\n")]
+    prompts = [("def add(a, b):\n    return ", "\n"), ("import os\n\npath = os.path.", "\n")]
     outputs = {}
     for backend in ("torch", "triton"):
         monkeypatch.setenv("SPECDEC_KERNELS", backend)
         engine.prompt_cache.clear()
-        outputs[backend] = [engine.complete(p, s, strategy="ar", max_tokens=4, use_prompt_cache=False).tokens
+        outputs[backend] = [engine.complete(p, s, strategy="ar", max_tokens=3, use_prompt_cache=False).tokens
                             for p, s in prompts]
     assert outputs["triton"] == outputs["torch"]
     assert all(outputs["torch"])
