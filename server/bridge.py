@@ -57,6 +57,18 @@ class EngineBridge:
         return self.finish(g)
 
     @staticmethod
+    async def text_deltas(events):
+        """The new text of each streaming event, until the generation is done."""
+        sent = ""
+        while True:
+            kind, text = await events.get()
+            if kind == "done":
+                return
+            if text is not None and len(text) > len(sent) and text.startswith(sent):
+                yield text[len(sent):]
+                sent = text
+
+    @staticmethod
     async def _until_done(events) -> None:
         while True:
             kind, _ = await events.get()

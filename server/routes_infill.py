@@ -33,13 +33,9 @@ async def _stream(state, options, document, fields):
     g, events = await state.bridge.start(options, document)
     sent = ""
     try:
-        while True:
-            kind, text = await events.get()
-            if kind == "done":
-                break
-            if text is not None and len(text) > len(sent) and text.startswith(sent):
-                yield _sse({"content": text[len(sent):], "tokens": [], "stop": False})
-                sent = text
+        async for delta in state.bridge.text_deltas(events):
+            yield _sse({"content": delta, "tokens": [], "stop": False})
+            sent += delta
         result = state.bridge.finish(g)
         final = infill_body(result, state, options)
         final["content"] = result.text[len(sent):] if result.text.startswith(sent) else result.text

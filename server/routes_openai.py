@@ -57,13 +57,9 @@ async def _stream(state, options, document, meta):
     g, events = await state.bridge.start(options, document)
     sent = ""
     try:
-        while True:
-            kind, text = await events.get()
-            if kind == "done":
-                break
-            if text is not None and len(text) > len(sent) and text.startswith(sent):
-                yield f"data: {json.dumps({**meta, 'choices': [_choice(text[len(sent):], None)]})}\n\n"
-                sent = text
+        async for delta in state.bridge.text_deltas(events):
+            yield f"data: {json.dumps({**meta, 'choices': [_choice(delta, None)]})}\n\n"
+            sent += delta
         result = state.bridge.finish(g)
         rest = result.text[len(sent):] if result.text.startswith(sent) else ""
         final = {**meta, "choices": [_choice(rest, _finish_reason(result))], "usage": _usage(result)}

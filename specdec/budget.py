@@ -7,6 +7,7 @@ millisecond beats the step's current rate: p_next / (cost(n+1) - cost(n)) >= (E 
 E being the expected accepted tokens so far (the +1 is the bonus token every pass yields).
 """
 
+import bisect
 import heapq
 import statistics
 import time
@@ -44,13 +45,14 @@ class VerifyCost:
         return cls(SIZES, millis)
 
     def __call__(self, n: int) -> float:
+        """Linear interpolation between measured sizes; beyond the largest, its per-token cost."""
         if n <= self.sizes[0]:
             return self.millis[0]
-        for (a, ca), (b, cb) in zip(zip(self.sizes, self.millis, strict=True), zip(self.sizes[1:], self.millis[1:], strict=True), strict=False):
-            if n <= b:
-                return ca + (cb - ca) * (n - a) / (b - a)
-        last = self.millis[-1] / self.sizes[-1]
-        return self.millis[-1] + last * (n - self.sizes[-1])
+        i = bisect.bisect_left(self.sizes, n)
+        if i == len(self.sizes):
+            return self.millis[-1] * n / self.sizes[-1]
+        a, b, ca, cb = self.sizes[i - 1], self.sizes[i], self.millis[i - 1], self.millis[i]
+        return ca + (cb - ca) * (n - a) / (b - a)
 
 
 def min_useful_prob(cost: VerifyCost) -> float:
