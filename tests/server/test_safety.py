@@ -64,7 +64,10 @@ def _wait_idle(engine, seconds=10):
 
 
 def test_disconnected_stream_stops_generating(live):
-    with httpx.stream("POST", f"{live.url}/infill", json=dict(LONG, stream=True, path="pkg/cancel.py"), timeout=60) as r:
+    # A prompt whose greedy completion by the tiny model runs to the full 500 tokens (checked),
+    # so no stop rule can end it before the disconnect does.
+    body = dict(LONG, input_prefix="x = 1\n", prompt="", stream=True, path="pkg/cancel.py")
+    with httpx.stream("POST", f"{live.url}/infill", json=body, timeout=60) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):
                 break  # leave after the first event: the client hangs up
