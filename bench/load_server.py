@@ -2,8 +2,8 @@
 
     python bench/load_server.py --repo REPO [--sessions 16] [--seconds 60] [--port 8123]
 
-Each session types a real file of the repository character by character (one keystroke every
---interval ms); every keystroke sends llama.vim's /infill request, and a newer keystroke
+Each session types stretches of real files of the repository character by character (one
+keystroke every --interval ms on average); every keystroke sends llama.vim's /infill request, and a newer keystroke
 abandons (disconnects) the previous request if it is still running, as editors do. Reports
 p50/p95 latency of completed requests, 5xx count, and the server's RSS before and after.
 Bounded: loopback only, --seconds of load, at most --sessions clients.
@@ -40,22 +40,46 @@ def body(text: str, cursor: int, path: str) -> dict:
             "input_extra": [], "n_predict": 32, "stop": [], "n_indent": 0, "top_k": 40, "top_p": 0.90,
             "stream": False, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
             "t_max_prompt_ms": 500, "t_max_predict_ms": 250, "path": path,
-            "response_fields": ["content", "timings/predicted_n", "tokens_cached"]}
+            "response_fields": ["content", "timings/predicted_n", "timings/prompt_n", "tokens_cached",
+                                "speculation/stop_reason"]}
 
 
 async def session(client, url, files, deadline, interval, rng, stats):
-    path, text = rng.choice(files)
-    cursor = rng.randrange(0, max(1, len(text) - 2000))
+    """Types stretches of a real file into the document as a user would: the text after the
+    stretch stays as it was (the suffix), the text before the cursor grows by one character per
+    keystroke, and each keystroke's request replaces the previous one. At the end of each line
+    the user pauses to read the suggestion: that request is awaited, never abandoned, and its
+    latency is what a user waits for once typing stops."""
     pending = None
     while time.monotonic() < deadline:
-        cursor += 1
-        if pending is not None and not pending.done():
-            pending.cancel()  # the editor moved on: drop the stale request
-            stats["abandoned"] += 1
-        pending = asyncio.create_task(request(client, url, body(text, cursor, path), stats))
-        await asyncio.sleep(interval / 1000 * rng.uniform(0.5, 1.5))
+        path, text = rng.choice(files)
+        start = text.rfind("\n", 0, rng.randrange(0, max(1, len(text) - 400))) + 1
+        end = min(len(text), start + rng.randrange(80, 400))
+        for typed in range(start + 1, end + 1):
+            if time.monotonic() >= deadline:
+                break
+            if pending is not None and not pending.done():
+                pending.cancel()  # the editor moved on: drop the stale request
+                stats["abandoned"] += 1
+            document = text[:typed] + text[end:]
+            pending = asyncio.create_task(request(client, url, body(document, typed, path), stats))
+            if text[typed - 1] == "\n" or typed == end:
+                stats["paused"] += 1
+                await asyncio.gather(pending, return_exceptions=True)
+                await asyncio.sleep(rng.uniform(0.3, 1.0))
+            else:
+                await asyncio.sleep(interval / 1000 * rng.uniform(0.5, 1.5))
     if pending is not None:
         await asyncio.gather(pending, return_exceptions=True)
+
+
+async def sample_rss(pid: int, deadline: float, every: float) -> list:
+    """The server's RSS every `every` seconds during the load: flat once the prompt cache is full."""
+    series = []
+    while time.monotonic() < deadline:
+        series.append(round(rss_mb(pid), 1))
+        await asyncio.sleep(every)
+    return series
 
 
 async def request(client, url, payload, stats):
@@ -69,12 +93,20 @@ async def request(client, url, payload, stats):
         return
     stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
     if r.status_code == 200:
+        answer = r.json()
+        if answer.get("speculation/stop_reason") in ("superseded", "cancelled"):
+            stats["superseded"] += 1
+            return
         stats["latency"].append((time.perf_counter() - start) * 1000)
+        stats["prefilled"].append(answer.get("timings/prompt_n", 0))
+        stats["cached"].append(answer.get("tokens_cached", 0))
 
 
-def start_server(repo: Path, port: int):
+def start_server(repo: Path, port: int, log_path: Path):
     cmd = [sys.executable, "-m", "specdec.cli", "serve", "--repo", str(repo), "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # The server's log goes to a file: an undrained pipe would fill and block the server.
+    log_file = log_path.open("w")
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -85,13 +117,13 @@ def start_server(repo: Path, port: int):
         except (httpx.HTTPError, ValueError):
             pass
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read()[-2000:]}")
+            raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
         time.sleep(0.5)
     raise RuntimeError("server did not become ready")
 
 
 async def run(args) -> dict:
-    proc, url = start_server(args.repo, args.port)
+    proc, url = start_server(args.repo, args.port, args.server_log)
     try:
         files = [(p.relative_to(args.repo).as_posix(), p.read_text(errors="replace"))
                  for p in sorted(args.repo.rglob("*.py")) if p.stat().st_size > 3000][:200]
@@ -100,12 +132,15 @@ async def run(args) -> dict:
             for _ in range(3):  # warm-up
                 await client.post(f"{url}/infill", json=body(files[0][1], 500, files[0][0]), timeout=60)
             rss_before = rss_mb(proc.pid)
-            stats = {"latency": [], "status": {}, "errors": 0, "abandoned": 0}
+            stats = {"latency": [], "status": {}, "errors": 0, "abandoned": 0, "superseded": 0, "paused": 0, "prefilled": [], "cached": []}
             deadline = time.monotonic() + args.seconds
-            await asyncio.gather(*(session(client, url, files, deadline, args.interval, random.Random(rng.random()), stats)
-                                   for _ in range(args.sessions)))
+            rss_series = asyncio.create_task(sample_rss(proc.pid, deadline, 5.0))
+            # Each session edits its own files: two sessions typing in one file would supersede each other.
+            await asyncio.gather(*(session(client, url, files[i :: args.sessions] or files, deadline, args.interval,
+                                           random.Random(rng.random()), stats) for i in range(args.sessions)))
             await asyncio.sleep(1.0)
             rss_after = rss_mb(proc.pid)
+            rss_series = await rss_series
         # A fresh client: cancelled requests can leave the load client's pool unusable.
         try:
             metrics = httpx.get(f"{url}/metrics", timeout=30).text
@@ -113,12 +148,19 @@ async def run(args) -> dict:
             metrics = f"# metrics unavailable: {err!r}"
         lat = sorted(stats["latency"])
         pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
-        tau = next((line.split()[1] for line in metrics.splitlines() if line.startswith("specdec_tau ")), None)
+        median = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
+        gauge = lambda name: next((line.split()[1] for line in metrics.splitlines() if line.startswith(name + " ")), None)  # noqa: E731
         return {"sessions": args.sessions, "seconds": args.seconds, "completed": len(lat), "abandoned": stats["abandoned"],
+                "superseded_answers": stats["superseded"], "pauses": stats["paused"],
                 "status": stats["status"], "client_errors": stats["errors"],
                 "server_5xx": sum(n for s, n in stats["status"].items() if s >= 500),
                 "latency_ms_p50": pick(0.5), "latency_ms_p95": pick(0.95), "rss_mb_before": rss_before,
-                "rss_mb_after": rss_after, "tau": tau, "server_alive_after": not metrics.startswith("# metrics unavailable")}
+                "rss_mb_after": rss_after, "rss_mb_every_5s": rss_series,
+                "prompt_cache_mb_after": float(gauge("specdec_prompt_cache_bytes") or 0) / 2**20,
+                # The prompt cache is bounded (LRU); the rest of the process must stay flat.
+                "rss_mb_after_minus_prompt_cache": rss_after - float(gauge("specdec_prompt_cache_bytes") or 0) / 2**20, "tau": gauge("specdec_tau"),
+                "completed_prefill_tokens_p50": median(stats["prefilled"]),
+                "completed_cached_tokens_p50": median(stats["cached"]), "server_alive_after": not metrics.startswith("# metrics unavailable")}
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -136,6 +178,7 @@ def main() -> int:
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path)
+    p.add_argument("--server-log", type=Path, default=Path("load_server.log"), help="the server's stdout and stderr")
     args = p.parse_args()
     args.sessions, args.seconds = min(args.sessions, 64), min(args.seconds, 600)
     report = asyncio.run(run(args))

@@ -17,6 +17,12 @@ def document_key(client: str, options: dict) -> str:
     return f"{client}:{hashlib.blake2b(head.encode(), digest_size=8).hexdigest()}"
 
 
+async def _until_disconnect(request) -> None:
+    """Returns when the client has gone (the body has been read, so nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 class EngineBridge:
     def __init__(self, engine, metrics):
         self.engine, self.metrics = engine, metrics
@@ -27,8 +33,7 @@ class EngineBridge:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         try:
-            # Tokenizing a long prompt takes milliseconds: not on the event loop.
-            g = await asyncio.to_thread(self.engine.generation, **options)
+            g = self.engine.generation(**options)  # validation only: the scheduler builds the prompt
         except ValueError as err:
             raise ApiError(400, str(err)) from None
         g.request.document = document
@@ -41,19 +46,24 @@ class EngineBridge:
         return g, events
 
     async def run(self, options: dict, document: str | None, request) -> object:
-        """Wait for the whole result; a client that disconnects cancels its generation."""
+        """Wait for the whole result; a client that disconnects cancels its generation.
+
+        The disconnect is the ASGI server's http.disconnect message, awaited alongside the
+        result (polling each request for it costs the event loop more than the requests do,
+        at a request per keystroke)."""
         g, events = await self.start(options, document)
+        done = asyncio.ensure_future(self._until_done(events))
+        gone = asyncio.ensure_future(_until_disconnect(request))
         try:
-            while not g.finished.is_set():
-                try:
-                    await asyncio.wait_for(self._until_done(events), timeout=0.05)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        g.cancel()
-                        break
+            await asyncio.wait((done, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not done.done():
+                g.cancel()
         except asyncio.CancelledError:
             g.cancel()
             raise
+        finally:
+            done.cancel()
+            gone.cancel()
         return self.finish(g)
 
     @staticmethod

@@ -7,9 +7,10 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from server import routes_index, routes_infill, routes_openai, routes_ops
 from server.bridge import EngineBridge
@@ -54,7 +55,8 @@ def create_app(settings: Settings, engine=None) -> FastAPI:
 
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.state.specdec = AppState(settings, engine)
-    _middleware(app, settings)
+    app.add_middleware(AuthAndMetrics, state=app.state.specdec)
+    _error_handlers(app)
     for router in (routes_infill.router, routes_openai.router, routes_index.router, routes_ops.router):
         app.include_router(router)
     return app
@@ -76,18 +78,39 @@ def _build_index(state: AppState) -> None:
     log.info("index ready: %s", state.index_status)
 
 
-def _middleware(app: FastAPI, settings: Settings) -> None:
-    @app.middleware("http")
-    async def auth_and_metrics(request: Request, call_next):
-        started = time.perf_counter()
-        if settings.api_key and request.url.path not in OPEN_PATHS and not _authorized(request, settings.api_key):
-            response = ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", kind="authentication_error").response()
-        else:
-            response = await call_next(request)
-        app.state.specdec.metrics.observe_request(request.url.path, response.status_code,
-                                                  (time.perf_counter() - started) * 1000)
-        return response
+class AuthAndMetrics:
+    """Pure ASGI middleware: the API key check and request metrics. (Starlette's
+    BaseHTTPMiddleware spawns a task group per request, which under a keystroke-rate load of
+    abandoned requests costs the event loop more than the request itself.)"""
 
+    def __init__(self, app, state: AppState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        status = {"code": 500}
+        path = scope.get("path", "")
+        key = self.state.settings.api_key
+        if key and path not in OPEN_PATHS and not _authorized(scope, key):
+            error = ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", kind="authentication_error")
+            status["code"] = 401
+            await error.response()(scope, receive, send)
+        else:
+            async def send_and_record(message):
+                if message["type"] == "http.response.start":
+                    status["code"] = message["status"]
+                await send(message)
+
+            try:
+                await self.app(scope, receive, send_and_record)
+            except ClientDisconnect:  # gone while its body was read: nobody to answer
+                status["code"] = 499
+        self.state.metrics.observe_request(path, status["code"], (time.perf_counter() - started) * 1000)
+
+
+def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_request, err: ApiError):
         return err.response()
@@ -100,8 +123,8 @@ def _middleware(app: FastAPI, settings: Settings) -> None:
                                        "type": "invalid_request_error", "code": 400}}, status_code=400)
 
 
-def _authorized(request: Request, key: str) -> bool:
-    header = request.headers.get("authorization", "")
+def _authorized(scope, key: str) -> bool:
+    header = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"authorization"), "")
     scheme, _, token = header.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 

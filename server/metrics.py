@@ -40,7 +40,7 @@ class Metrics:
             for source, n in stats.get("accepted_by_source", {}).items():
                 self.accepted[source] += n
 
-    def render(self, queue_depth: int, expert_load) -> str:
+    def render(self, queue_depth: int, expert_load, prompt_cache: tuple[int, int] = (0, 0)) -> str:
         with self.lock:
             lines = ["# TYPE specdec_requests_total counter"]
             for (endpoint, status), n in sorted(self.requests.items()):
@@ -63,6 +63,8 @@ class Metrics:
                       f"specdec_cached_prompt_tokens_total {self.cached_tokens}",
                       "# TYPE specdec_prefill_tokens_total counter", f"specdec_prefill_tokens_total {self.prefill_tokens}",
                       "# TYPE specdec_queue_depth gauge", f"specdec_queue_depth {queue_depth}",
+                      "# TYPE specdec_prompt_cache_entries gauge", f"specdec_prompt_cache_entries {prompt_cache[0]}",
+                      "# TYPE specdec_prompt_cache_bytes gauge", f"specdec_prompt_cache_bytes {prompt_cache[1]}",
                       "# TYPE specdec_expert_tokens_total counter"]
             for layer, row in enumerate(expert_load):
                 for expert, n in enumerate(row):

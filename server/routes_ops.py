@@ -19,5 +19,5 @@ async def health(state: StateDep):
 async def metrics(state: StateDep):
     """Prometheus text format."""
     load = state.engine.target.expert_load().tolist()
-    text = state.metrics.render(state.engine.scheduler.queue_depth(), load)
+    text = state.metrics.render(state.engine.scheduler.queue_depth(), load, state.engine.prompt_cache.nbytes())
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

@@ -4,11 +4,14 @@ Greedy: walk down from the root; at each node the target's argmax either is one 
 children (accept it, go on) or not (stop; the argmax is the bonus token). The result is exactly
 what plain greedy decoding of the target produces.
 
-Sampling: every proposal here is deterministic (greedy draft, trie, n-gram), so for a node with
-children c_1..c_m the rule is multi-candidate rejection sampling with point-mass proposals
-(SpecInfer): accept c_i with probability p(c_i); on rejection set p(c_i) = 0, renormalise, try
-the next child; when all are rejected, sample the bonus from what is left. Each emitted token is
-then distributed exactly as the target's next-token distribution.
+Sampling: every proposal here is deterministic (greedy draft, trie, n-gram). At each node the
+target's own token is sampled (inverse CDF of its distribution at a uniform number that depends
+only on the seed and the token's position), and the child carrying that token, if any, is
+accepted. Each emitted token is then exactly the token plain sampling with the same seed emits,
+whatever the tree was: speculative sampling is lossless token for token, and a seeded request
+is reproducible however the engine decided to speculate. With point-mass proposals this accepts
+a node's children with probability sum p(c_i), the same as multi-candidate rejection sampling
+(SpecInfer) would.
 """
 
 from dataclasses import dataclass
@@ -52,18 +55,37 @@ def target_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     return probs
 
 
-def accept(tree: TokenTree, logits: torch.Tensor, s: Sampling, generator=None, first_allowed=None) -> Accepted:
-    """logits [len(tree), vocab] from the target for every tree node."""
+@dataclass
+class Uniforms:
+    """Uniform numbers in [0, 1) keyed by (seed, position): splitmix64 of both."""
+
+    seed: int
+
+    def at(self, position: int) -> float:
+        z = (self.seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def accept(tree: TokenTree, logits: torch.Tensor, s: Sampling, uniforms: Uniforms | None = None,
+           first_allowed=None, position: int = 0) -> Accepted:
+    """logits [len(tree), vocab] from the target for every tree node; `position` is the index
+    of the token that follows the root (sampling draws the uniform of each position)."""
     node, nodes = 0, []
     while True:
         row = logits[node]
         if first_allowed is not None and node == 0:
             row = _restrict(row, first_allowed)
-        token, accepted_child = _choose(tree, node, row, s, generator)
-        if accepted_child is None:
+        token = _target_token(row, s, uniforms, position + tree.depths[node])
+        child = tree.children[node].get(token)
+        if child is None:
             return Accepted(nodes, token)
-        nodes.append(accepted_child)
-        node = accepted_child
+        nodes.append(child)
+        node = child
 
 
 def _restrict(row, allowed):
@@ -72,29 +94,21 @@ def _restrict(row, allowed):
     return masked
 
 
-def _choose(tree, node, row, s: Sampling, generator):
-    """(token, accepted child node or None)."""
-    children = tree.children[node]
-    if s.greedy:
-        token = int(torch.argmax(row))
-        return token, children.get(token)
-    probs = target_probs(row, s)
-    for token, child in children.items():
-        p = float(probs[token])
-        if p > 0 and float(torch.rand((), generator=generator)) < p:
-            return token, child
-        probs[token] = 0.0
-        total = float(probs.sum())
-        if total <= 0:
-            break
-        probs = probs / total
-    return int(torch.multinomial(probs, 1, generator=generator)), None
-
-
-def sample_token(row, s: Sampling, generator=None, allowed=None) -> int:
-    """The target's own next token (plain decoding)."""
-    if allowed is not None:
-        row = _restrict(row, allowed)
+def _target_token(row, s: Sampling, uniforms: Uniforms | None, position: int) -> int:
     if s.greedy:
         return int(torch.argmax(row))
-    return int(torch.multinomial(target_probs(row, s), 1, generator=generator))
+    probs = target_probs(row, s)
+    u = (uniforms or Uniforms(0)).at(position)
+    cumulative = torch.cumsum(probs, 0)
+    target = torch.tensor([u * float(cumulative[-1])], dtype=cumulative.dtype)
+    index = min(int(torch.searchsorted(cumulative, target, right=True).item()), probs.numel() - 1)
+    while index > 0 and probs[index] <= 0:  # fp32 rounding at the top end must not pick an impossible token
+        index -= 1
+    return index
+
+
+def sample_token(row, s: Sampling, uniforms: Uniforms | None = None, allowed=None, position: int = 0) -> int:
+    """The target's own token at `position` (plain decoding)."""
+    if allowed is not None:
+        row = _restrict(row, allowed)
+    return _target_token(row, s, uniforms, position)

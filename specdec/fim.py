@@ -13,11 +13,15 @@ which training text always tokenizes together with the next word's newline) then
 the model to continue from a token boundary it never saw.
 """
 
+import bisect
+import zlib
 from dataclasses import dataclass
 
 FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX = "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"
 FILE_SEP, EOT = "<|file_sep|>", "<|endoftext|>"
 MAX_CONTEXT_TOKENS = 1536  # of the model's 2048 positions, leaving room to generate
+CHARS_PER_TOKEN_MAX = 6  # code averages 3.7 characters per token with the default tokenizer
+ANCHOR_EVERY = 8  # about one line in this many is a place where a too-long prefix may be cut
 
 
 class PromptError(ValueError):
@@ -43,23 +47,25 @@ class PromptBuilder:
             raise PromptError(f"tokenizer lacks the special tokens {missing}")
         self.vocab_text = [tokenizer.decode([i], skip_special_tokens=False) for i in range(tokenizer.get_vocab_size())]
         self.stop_ids = {self.special[t] for t in (EOT, FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, FILE_SEP)}
+        # Token texts in sorted order: the tokens that start with a text form one range of it.
+        ranked = sorted((t, i) for i, t in enumerate(self.vocab_text) if i not in self.stop_ids)
+        self._sorted_text = [t for t, _ in ranked]
+        self._sorted_ids = [i for _, i in ranked]
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids if text else []
 
     def build(self, prefix: str, suffix: str = "", extra=(), path: str | None = None, heal: bool = True) -> Prompt:
         sp = self.special
-        prefix_ids, suffix_ids = self.encode(prefix), self.encode(suffix)
+        suffix_ids = self.encode(suffix)
+        budget = self.max_tokens - 4
+        keep_suffix = min(len(suffix_ids), budget // 4)
+        prefix_ids, truncated = self._prefix_within(prefix, budget - keep_suffix, len(suffix_ids))
+        if truncated:
+            suffix_ids = suffix_ids[:keep_suffix]
         healed, allowed = "", None
         if heal and prefix_ids:
             prefix_ids, healed, allowed = self._heal(prefix_ids)
-        budget = self.max_tokens - 4
-        truncated = False
-        if len(prefix_ids) + len(suffix_ids) > budget:  # keep the text nearest the cursor
-            truncated = True
-            keep_suffix = min(len(suffix_ids), budget // 4)
-            suffix_ids = suffix_ids[:keep_suffix]
-            prefix_ids = prefix_ids[len(prefix_ids) - (budget - keep_suffix) :]
         context = self._context(extra, budget - len(prefix_ids) - len(suffix_ids))
         truncated |= context[1]
         if self.fim_mode == "psm":
@@ -68,6 +74,39 @@ class PromptBuilder:
             ids = [sp[FIM_PREFIX], sp[FIM_SUFFIX], *suffix_ids, sp[FIM_MIDDLE], *prefix_ids]
         return Prompt(context[0] + ids, healed, allowed, truncated)
 
+    def _prefix_within(self, prefix: str, keep: int, suffix_len: int) -> tuple[list[int], bool]:
+        """The prefix's tokens, cut at the front when prefix and suffix do not fit the budget.
+
+        The cut is made at an anchor line (chosen by a hash of the line's text), never at a
+        fixed token count from the cursor: a window that slid by one token per keystroke would
+        change every prompt token after the cut, and the prompt cache would prefill the whole
+        prefix again on each keystroke. An anchor stays put while the user types, and so does a
+        client's window that drops whole lines at its front (llama.vim's 256 lines).
+        """
+        fits = self.max_tokens - 4 - suffix_len
+        # Tokenize only a tail that surely holds the tokens kept (tokenizing llama.vim's 256
+        # lines whole costs milliseconds per keystroke); all of it if the tail falls short.
+        window = _line_start_at_or_after(prefix, len(prefix) - CHARS_PER_TOKEN_MAX * max(keep, fits))
+        encoding = self._encoding(prefix[window:])
+        if window > 0 and len(encoding.ids) < max(keep, fits):
+            window, encoding = 0, self._encoding(prefix)
+        ids = encoding.ids
+        if window == 0 and len(ids) <= fits:
+            return ids, False
+        if len(ids) <= keep:  # only the suffix is cut
+            return ids, True
+        earliest = encoding.offsets[len(ids) - keep][0]
+        cut = _anchor_at_or_after(prefix[window:], earliest)
+        if cut is None:  # no line start in reach (one huge line): a plain token cut
+            return ids[len(ids) - keep :], True
+        # Tokens from the anchor line's newline on: pre-tokenization splits there, so they are
+        # what tokenizing the text from that point alone gives, whatever lies before it.
+        first = bisect.bisect_left(encoding.offsets, (max(cut - 1, 0), -1))
+        return ids[max(first, len(ids) - keep) :], True
+
+    def _encoding(self, text: str):
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def _heal(self, ids: list[int]):
         """(ids without the healed tail, the tail's text, tokens allowed to start the completion)."""
         back = 0
@@ -75,10 +114,16 @@ class PromptBuilder:
             back += 1
         for count in ((back, 1) if back else (1,)):
             text = "".join(self.vocab_text[i] for i in ids[len(ids) - count :])
-            allowed = [i for i, t in enumerate(self.vocab_text) if t.startswith(text) and i not in self.stop_ids]
+            allowed = self.tokens_starting_with(text)
             if allowed:
                 return ids[: len(ids) - count], text, allowed
         return ids, "", None
+
+    def tokens_starting_with(self, text: str) -> list[int]:
+        """Ids of the (non-special) tokens whose text starts with `text`, in sorted-text order."""
+        lo = bisect.bisect_left(self._sorted_text, text)
+        hi = bisect.bisect_left(self._sorted_text, text + "\U0010ffff", lo)
+        return self._sorted_ids[lo:hi]
 
     def _context(self, extra, budget: int):
         """Context chunks, most recent last (nearest the file), dropped from the front to fit."""
@@ -93,3 +138,27 @@ class PromptBuilder:
                 break
             out = chunk + out
         return out, truncated
+
+
+def _line_start_at_or_after(text: str, position: int) -> int:
+    if position <= 0:
+        return 0
+    newline = text.find("\n", position - 1)
+    return 0 if newline < 0 else newline + 1
+
+
+def _anchor_at_or_after(text: str, start: int) -> int | None:
+    """The first anchor line start at or after `start`; the first line start if no anchor is
+    near; None if no line starts there."""
+    line = 0 if start == 0 else text.find("\n", start - 1) + 1
+    if line == 0 and start > 0:
+        return None
+    first = line
+    for _ in range(16 * ANCHOR_EVERY):
+        end = text.find("\n", line)
+        if end < 0:
+            break
+        if zlib.crc32(text[line:end].encode("utf-8", "surrogatepass")) % ANCHOR_EVERY == 0:
+            return line
+        line = end + 1
+    return first

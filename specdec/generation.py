@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.accept import Sampling, accept
+from specdec.accept import Sampling, Uniforms, accept
 from specdec.budget import grow_tree, min_useful_prob
 from specdec.drafting import DraftRunner, ngram_paths, trie_paths
 from specdec.model import Segment
@@ -65,13 +65,13 @@ class Generation:
     def __init__(self, engine, request: CompletionRequest):
         request.validate()
         self.engine, self.request = engine, request
-        self.prompt = engine.prompts.build(request.prefix, request.suffix, request.extra, request.path)
-        self.allowed_first = self.prompt.allowed_first
-        self.allowed_set = set(self.allowed_first) if self.allowed_first is not None else None
+        # The prompt is built when the request begins, on the scheduler thread: a request
+        # superseded while it waits (most keystrokes, when typing fast) is never tokenized.
+        self.prompt, self.allowed_first, self.allowed_set = None, None, None
+        self.committed = []
         self.sampling = Sampling(request.temperature, request.top_p, request.top_k)
         self.rules = rules_for(request.prefix, request.suffix, request.mode, request.n_indent, request.stop)
-        self.generator = torch.Generator().manual_seed(request.seed)
-        self.committed = list(self.prompt.ids)
+        self.uniforms = Uniforms(request.seed)
         self.generated, self.text, self.final_text = [], "", None
         self.cancelled = threading.Event()
         self.finished = threading.Event()
@@ -88,9 +88,13 @@ class Generation:
 
     # prefill ------------------------------------------------------------------------------
 
-    def prepare(self) -> None:
-        """Reuse the longest cached prefix, prefill the rest of the prompt but its last token."""
-        engine, ids = self.engine, self.committed
+    def begin(self) -> None:
+        """Build the prompt and take its longest cached prefix; the rest is fed by prefill_segment()."""
+        engine, request = self.engine, self.request
+        self.prompt = engine.prompts.build(request.prefix, request.suffix, request.extra, request.path)
+        self.allowed_first = self.prompt.allowed_first
+        self.allowed_set = set(self.allowed_first) if self.allowed_first is not None else None
+        self.committed = ids = list(self.prompt.ids)
         entry, common = engine.prompt_cache.take(ids) if self.request.use_prompt_cache else (None, 0)
         if entry is not None:
             self.cache = entry.target
@@ -102,14 +106,41 @@ class Generation:
             self.draft = DraftRunner(engine.draft)
             if entry is not None and entry.draft is not None:
                 self.draft.adopt(entry.draft, entry.draft_tokens)
-        feed = ids[reuse:-1]
-        if feed:
-            positions = torch.arange(reuse, reuse + len(feed))
-            engine.target(torch.tensor(feed), positions, [Segment(self.cache, len(feed))], logits_rows=[])
-            self.cache.keep_all()
-        if self.draft is not None:
-            self.draft.sync(ids)
         self.stats["prefill_tokens"], self.stats["cached_tokens"] = len(ids) - reuse, reuse
+        if self.prefill_remaining() == 0:
+            self._prefilled()
+
+    def prefill_remaining(self) -> int:
+        """Prompt tokens not yet in the cache (all but the last one, which the first step feeds)."""
+        return len(self.committed) - 1 - self.cache.length
+
+    def prefill_segment(self, count: int):
+        """(tokens, positions, Segment) of the next `count` prompt tokens, for a batched forward."""
+        start = self.cache.length
+        feed = self.committed[start : start + count]
+        return torch.tensor(feed), torch.arange(start, start + len(feed)), Segment(self.cache, len(feed))
+
+    def prefill_fed(self) -> None:
+        """After the forward over prefill_segment()'s tokens: keep them; finish the prefill if done."""
+        self.cache.keep_all()
+        if self.prefill_remaining() == 0:
+            self._prefilled()
+
+    @property
+    def prefilling(self) -> bool:
+        return self.decode_started is None
+
+    def prepare(self) -> None:
+        """The whole prefill at once (begin, then every remaining prompt token in one forward)."""
+        self.begin()
+        if self.prefilling:
+            tokens, positions, segment = self.prefill_segment(self.prefill_remaining())
+            self.engine.target(tokens, positions, [segment], logits_rows=[])
+            self.prefill_fed()
+
+    def _prefilled(self) -> None:
+        if self.draft is not None:
+            self.draft.sync(self.committed)
         self.stats["prefill_ms"] = (time.perf_counter() - self.started) * 1000
         self.decode_started = time.perf_counter()
         if self.request.max_tokens == 0:
@@ -159,7 +190,7 @@ class Generation:
     def commit(self, tree: TokenTree, logits) -> None:
         """Accept against the target's logits [len(tree), vocab]; update caches, text and stops."""
         first = self.allowed_first if self.healing_pending else None
-        result = accept(tree, logits, self.sampling, self.generator, first)
+        result = accept(tree, logits, self.sampling, self.uniforms, first, position=len(self.committed))
         self.cache.keep([0] + result.nodes)
         self.stats["target_passes"] += 1
         by_source = self.stats["accepted_by_source"]
@@ -244,11 +275,12 @@ class Generation:
         stats["total_ms"] = (now - self.started) * 1000
         stats["stop_reason"] = self.stop_reason or ("cancelled" if self.cancelled.is_set() else "none")
         stats.setdefault("prefill_ms", 0.0)
-        return Result(self.current_text(), list(self.generated), stats, self.prompt.truncated)
+        return Result(self.current_text(), list(self.generated), stats, self.prompt is not None and self.prompt.truncated)
 
     def release(self) -> None:
         """Give the caches back to the prompt cache for the next request."""
-        if self.cache is not None and self.request.use_prompt_cache:
+        worth_keeping = self.cache is not None and self.cache.length >= self.engine.prompt_cache.min_reuse
+        if worth_keeping and self.request.use_prompt_cache:
             draft_cache = self.draft.cache if self.draft is not None else None
             draft_tokens = self.draft.synced if self.draft is not None else ()
             self.engine.prompt_cache.put(self.committed, self.cache, draft_cache, draft_tokens)

@@ -61,6 +61,11 @@ class PromptCache:
         while self.entries and sum(e.nbytes() for e in self.entries) > self.max_bytes:
             self.entries.pop(0)
 
+    def nbytes(self) -> tuple[int, int]:
+        """(entries, bytes held): for the server's metrics."""
+        with self.lock:
+            return len(self.entries), sum(e.nbytes() for e in self.entries)
+
     def clear(self) -> None:
         with self.lock:
             self.entries.clear()

@@ -30,8 +30,8 @@ def test_speculative_sampling_matches_target_distribution(tiny_models):
     engine.draft_depth = 2  # only two tokens are sampled
     sampling = Sampling(temperature=1.0, top_k=3)
     prefix = "def add(a, b):\n    return a + b\n\nvalue = add(1, "
-    probe = engine.generation(prefix, "", strategy="draft", max_tokens=2, temperature=1.0, top_k=3)
-    exact = _exact_pairs(target, probe.prompt.ids, probe.allowed_first, sampling)
+    probe = engine.prompts.build(prefix, "")  # the prompt each generation below builds
+    exact = _exact_pairs(target, probe.ids, probe.allowed_first, sampling)
     counts, samples, drafted = {}, 1500, 0
     for seed in range(samples):
         g = engine.generation(prefix, "", strategy="draft", max_tokens=2, temperature=1.0, top_k=3, seed=seed,
@@ -55,3 +55,16 @@ def test_seeded_sampling_is_reproducible(tiny_models):
     assert runs[0] == runs[1]
     segment_check = target(torch.tensor([1, 2]), torch.tensor([0, 1]), [Segment(target.new_cache(), 2)])
     assert segment_check.shape[0] == 2
+
+
+def test_seeded_sampling_equals_plain_sampling_for_every_strategy(tiny_models):
+    """Each position's token comes from the target's distribution at a uniform keyed by (seed,
+    position), so speculation changes only the speed: every strategy emits ar's tokens."""
+    from tests.helpers import code_prompts
+
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), None, adaptive=False)
+    for seed, (_, prefix, suffix) in enumerate(code_prompts(6, seed=11)):
+        options = dict(temperature=0.9, top_p=0.95, max_tokens=12, mode="multi", seed=seed)
+        reference = engine.complete(prefix, suffix, strategy="ar", **options).tokens
+        for strategy in ("draft", "ngram", "hybrid"):
+            assert engine.complete(prefix, suffix, strategy=strategy, **options).tokens == reference, (seed, strategy)

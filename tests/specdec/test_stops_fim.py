@@ -42,3 +42,36 @@ def test_prompt_orders_and_healing(tiny_models):
     assert indent.healed_text.endswith("    ") and indent.healed_text.startswith("\n")
     psm = PromptBuilder(tok, "psm").build("a = ", "\nb = 2\n")
     assert psm.ids[0] == sp["<|fim_prefix|>"] and psm.ids[-1] == sp["<|fim_middle|>"]
+
+
+def test_typing_past_the_budget_keeps_the_prompt_cache_valid(tiny_models):
+    """A prefix longer than the budget is cut at an anchor line, not a fixed token count: typing
+    one character at a time changes only the prompt's tail, except when the cut jumps ahead."""
+    from specdec import load_model
+
+    builder = PromptBuilder(load_model(tiny_models[0]).tokenizer, "spm", max_tokens=256)
+    lines = [f"    value_{i} = compute(item_{i}, scale={i % 7})" for i in range(120)]
+    text = "\n".join(lines) + "\n"
+    typed_line = "    result = combine(value_1, value_2)\n"
+    suffix = "\nreturn result\n"
+    previous, changed_early = None, 0
+    for n in range(1, len(typed_line) + 1):
+        prompt = builder.build(text + typed_line[:n], suffix)
+        assert prompt.truncated and len(prompt.ids) <= 256
+        if previous is not None:
+            common = next((i for i, (a, b) in enumerate(zip(previous, prompt.ids, strict=False)) if a != b),
+                          min(len(previous), len(prompt.ids)))
+            changed_early += min(len(previous), len(prompt.ids)) - common > 8
+        previous = prompt.ids
+    assert changed_early <= 2  # the anchor moved at most twice over 40 keystrokes
+
+
+def test_window_sliding_by_whole_lines_keeps_the_cut(tiny_models):
+    """llama.vim sends the last 256 lines: its window drops a line at the front per new line."""
+    from specdec import load_model
+
+    builder = PromptBuilder(load_model(tiny_models[0]).tokenizer, "spm", max_tokens=256)
+    lines = [f"    value_{i} = compute(item_{i}, scale={i % 7})" for i in range(120)]
+    full = builder.build("\n".join(lines) + "\n    x = ", "")
+    slid = builder.build("\n".join(lines[1:]) + "\n    x = ", "")
+    assert full.ids == slid.ids
