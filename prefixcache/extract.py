@@ -28,22 +28,30 @@ class FileUnits:
 
 
 def extract(path: str, text: str) -> FileUnits:
+    units, follows, parsed = occurrences(path, text)
+    return FileUnits(Counter(units), Counter(follows), parsed)
+
+
+def occurrences(path: str, text: str) -> tuple[list, list, bool]:
+    """(every unit occurrence, every (previous line, line) occurrence, parsed with a grammar)."""
     source = text.encode("utf-8", errors="replace")
     lines = source.split(b"\n")
-    result = FileUnits()
-    _line_units(lines, result)
+    # Occurrences are collected in lists and counted at C speed afterwards.
+    units, follows = [], []
+    _line_units(lines, units, follows)
+    parsed = False
     language = grammars.language_for(path)
     if language is not None:
         try:
             tree = grammars.parser(language).parse(source)
-            _tree_units(language, tree, lines, result)
-            result.parsed = True
+            _tree_units(language, tree, lines, units)
+            parsed = True
         except (ValueError, RuntimeError):  # a grammar that cannot handle the file: lines only
             pass
-    return result
+    return units, follows, parsed
 
 
-def _line_units(lines, result: FileUnits) -> None:
+def _line_units(lines, units: list, follows: list) -> None:
     previous = None
     for raw in lines:
         if len(raw) > MAX_LINE_BYTES:
@@ -53,13 +61,13 @@ def _line_units(lines, result: FileUnits) -> None:
         if not stripped:
             continue
         line = stripped.decode("utf-8", errors="replace")[:MAX_UNIT_CHARS]
-        result.units[line] += 1
+        units.append(line)
         if previous is not None:
-            result.follows[(previous, line)] += 1
+            follows.append((previous, line))
         previous = line
 
 
-def _tree_units(language, tree, lines, result: FileUnits) -> None:
+def _tree_units(language, tree, lines, units: list) -> None:
     found = grammars.captures(language, tree.root_node)
     opaque_rows = {n.start_point[0] for n in found.get("opaque", ()) if n.start_point[0] != n.end_point[0]}
     starts = set()
@@ -73,15 +81,15 @@ def _tree_units(language, tree, lines, result: FileUnits) -> None:
             continue  # the statement start is already a line unit
         end = unit_end(line, col)
         piece = line[col:end]
-        _add(result, piece)
+        _add(units, piece)
         for match in _DOT_FIELD.finditer(piece):
-            _add(result, piece[match.end() :])
+            _add(units, piece[match.end() :])
 
 
-def _add(result: FileUnits, piece: bytes) -> None:
+def _add(units: list, piece: bytes) -> None:
     piece = piece.rstrip()
     if len(piece) >= 2:
-        result.units[piece.decode("utf-8", errors="replace")[:MAX_UNIT_CHARS]] += 1
+        units.append(piece.decode("utf-8", errors="replace")[:MAX_UNIT_CHARS])
 
 
 def unit_end(line: bytes, start: int) -> int:

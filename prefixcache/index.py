@@ -25,6 +25,7 @@ class Index:
         self.summary = summary
         self.overlay = Overlay()
         self.lock = threading.RLock()  # the server updates while the scheduler proposes
+        self._relative_paths = {}  # path as given -> relative path (absolute ones resolve symlinks once)
 
     # building, loading, saving ------------------------------------------------------------
 
@@ -57,6 +58,17 @@ class Index:
 
     def relative(self, path) -> str:
         """A repository-relative POSIX path for a relative or absolute (inside the root) path."""
+        known = self._relative_paths.get(path) if isinstance(path, str) else None
+        if known is not None:  # every keystroke asks for the same file: skip pathlib
+            return known
+        rel = self._relative(path)
+        if isinstance(path, str):
+            if len(self._relative_paths) > 4096:
+                self._relative_paths.clear()
+            self._relative_paths[path] = rel
+        return rel
+
+    def _relative(self, path) -> str:
         p = Path(path)
         if p.is_absolute():
             try:

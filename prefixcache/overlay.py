@@ -29,32 +29,68 @@ class Overlay:
         if old is None:
             return
         for text, count in old.units.items():
-            left = self.units[text] - count
-            if left > 0:
-                self.units[text] = left
-            else:
-                del self.units[text]
-                self.unit_file.pop(text, None)
-                i = bisect.bisect_left(self.sorted_units, text)
-                if i < len(self.sorted_units) and self.sorted_units[i] == text:
-                    self.sorted_units.pop(i)
-        for (prev, line), count in old.follows.items():
-            nexts = self.follows.get(prev)
-            if nexts is not None:
-                nexts[line] -= count
-                if nexts[line] <= 0:
-                    del nexts[line]
+            self._drop_unit(text, count)
+        for pair, count in old.follows.items():
+            self._drop_follow(pair, count)
 
     def add(self, path: str, found: FileUnits) -> None:
-        self.remove(path)
+        """The file's units become `found`. A file updated again (every keystroke) changes only
+        the units whose counts differ from its previous version."""
+        old = self.per_file.get(path)
         self.per_file[path] = found
-        for text, count in found.units.items():
-            if text not in self.units:
-                bisect.insort(self.sorted_units, text)
-            self.units[text] += count
-            self.unit_file[text] = path
-        for (prev, line), count in found.follows.items():
-            self.follows.setdefault(prev, Counter())[line] += count
+        if old is None:
+            for text, count in found.units.items():
+                self._add_unit(text, count, path)
+            for pair, count in found.follows.items():
+                self._add_follow(pair, count)
+            return
+        self._apply_difference(old.units, found.units, lambda text, n: self._add_unit(text, n, path), self._drop_unit)
+        self._apply_difference(old.follows, found.follows, self._add_follow, self._drop_follow)
+
+    @staticmethod
+    def _apply_difference(old: Counter, new: Counter, add, drop) -> None:
+        for key in old.keys() - new.keys():
+            drop(key, old[key])
+        for key in new.keys() - old.keys():
+            add(key, new[key])
+        for key in old.keys() & new.keys():
+            change = new[key] - old[key]
+            if change > 0:
+                add(key, change)
+            elif change < 0:
+                drop(key, -change)
+
+    def _add_unit(self, text: str, count: int, path: str) -> None:
+        if text not in self.units:
+            bisect.insort(self.sorted_units, text)
+        self.units[text] += count
+        self.unit_file[text] = path
+
+    def _drop_unit(self, text: str, count: int) -> None:
+        left = self.units[text] - count
+        if left > 0:
+            self.units[text] = left
+            return
+        del self.units[text]
+        self.unit_file.pop(text, None)
+        i = bisect.bisect_left(self.sorted_units, text)
+        if i < len(self.sorted_units) and self.sorted_units[i] == text:
+            self.sorted_units.pop(i)
+
+    def _add_follow(self, pair: tuple, count: int) -> None:
+        prev, line = pair
+        nexts = self.follows.get(prev)
+        if nexts is None:
+            nexts = self.follows[prev] = Counter()
+        nexts[line] += count
+
+    def _drop_follow(self, pair: tuple, count: int) -> None:
+        prev, line = pair
+        nexts = self.follows.get(prev)
+        if nexts is not None:
+            nexts[line] -= count
+            if nexts[line] <= 0:
+                del nexts[line]
 
     def with_prefix(self, prefix: str, limit: int):
         """Up to `limit` (unit, count, path) whose text starts with prefix."""

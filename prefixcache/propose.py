@@ -80,6 +80,7 @@ def rank(entries, path: str | None, k: int) -> list[Candidate]:
                 locality = 1.5
         score = weight * (1.0 + log1p(count)) * locality
         old = best.get(text)
-        if old is None or score > old.score:
-            best[text] = Candidate(text, score, source)
-    return sorted(best.values(), key=lambda c: (-c.score, c.text))[:k]
+        if old is None or score > old[0]:
+            best[text] = (score, source)
+    top = sorted(best.items(), key=lambda item: (-item[1][0], item[0]))[:k]
+    return [Candidate(text, score, source) for text, (score, source) in top]

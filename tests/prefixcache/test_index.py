@@ -145,3 +145,34 @@ def test_tombstoned_file_hides_its_own_line_pairs(tmp_path):
     assert "y = 2" in texts(idx.propose("x = 1\n"))
     idx.update("a.py", "x = 1\n")
     assert "y = 2" not in texts(idx.propose("x = 1\n"))
+
+
+def test_repeated_updates_leave_the_overlay_as_one_update_would():
+    """update() applies only the difference from the file's previous version; the result must
+    equal the overlay of the last version alone."""
+    from prefixcache.extract import extract
+    from prefixcache.overlay import Overlay
+
+    versions = ["a = client.get(url)\nb = a.json()\n", "a = client.get(url)\nb = a.text\nc = 1\n",
+                "c = 1\nc = 1\nclient.post(url, data)\n"]
+    incremental, other = Overlay(), Overlay()
+    incremental.add("other.py", extract("other.py", "b = a.text\nz = 2\n"))
+    other.add("other.py", extract("other.py", "b = a.text\nz = 2\n"))
+    for text in versions:
+        incremental.add("m.py", extract("m.py", text))
+    other.add("m.py", extract("m.py", versions[-1]))
+    assert dict(incremental.units) == dict(other.units)
+    assert incremental.sorted_units == other.sorted_units
+    assert {p: dict(c) for p, c in incremental.follows.items() if c} == {p: dict(c) for p, c in other.follows.items() if c}
+    assert incremental.with_prefix("client.", 8) == other.with_prefix("client.", 8)
+
+
+def test_parallel_build_equals_serial_build(tmp_path):
+    """Forked workers (the parent indexing one share) give exactly the serial tables."""
+    from prefixcache.build import build_tables
+
+    for i in range(140):
+        shared = "import os\nvalue = os.path.join(root, name)\n" if i % 3 else ""
+        (tmp_path / f"m{i:03d}.py").write_text(f"{shared}def f{i}(x):\n    return x.strip().split({i % 5})\n")
+    serial, parallel = build_tables(tmp_path, workers=1), build_tables(tmp_path, workers=2)
+    assert serial[:4] == parallel[:4] and len(serial[0]) > 100
