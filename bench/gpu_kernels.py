@@ -20,8 +20,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import kernels  # noqa: E402
 from kernels.attention_torch import tree_attention_torch  # noqa: E402
 from kernels.moe_torch import fused_moe_torch, moe_route_torch  # noqa: E402
+from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4, uses_dot_scaled  # noqa: E402
 from kernels.triton_attention import tree_attention_triton  # noqa: E402
 from kernels.triton_moe import fused_moe_triton, moe_route_triton  # noqa: E402
 
@@ -92,6 +94,33 @@ def moe_case(name, shape, tokens, dtype, device, fp8=False) -> dict:
             "TFLOPs": flops / triton_ms / 1e9}
 
 
+def mxfp4_case(name, shape, tokens, device) -> dict:
+    """MXFP4 experts through the public entry point: dot_scaled on Blackwell (and in the
+    interpreter), dequantise-then-bf16 elsewhere; `path` says which ran."""
+    experts, top_k, hidden, inter = shape
+    dtype = torch.float16 if device.type == "cpu" else torch.bfloat16
+    x = torch.randn(tokens, hidden, device=device).to(dtype)
+    p1, s1 = quantize_mxfp4(torch.randn(experts, 2 * inter, hidden, device=device) / hidden**0.5)
+    p2, s2 = quantize_mxfp4(torch.randn(experts, hidden, inter, device=device) / inter**0.5)
+    weights, ids = moe_route_torch(torch.randn(tokens, experts, device=device), top_k, True)
+    d1, d2 = dequantize_mxfp4(p1, s1, dtype), dequantize_mxfp4(p2, s2, dtype)
+    os.environ["SPECDEC_KERNELS"] = "triton"
+    try:
+        run = lambda: kernels.fused_moe(x, p1, p2, weights, ids, w1_scale=s1, w2_scale=s2)  # noqa: E731
+        got = run()
+        ours_ms = timed(run, device)
+    finally:
+        os.environ.pop("SPECDEC_KERNELS", None)
+    ref = fused_moe_torch(x.float(), d1.float(), d2.float(), weights, ids)
+    err = ((got.float() - ref).abs().max() / ref.abs().max()).item()
+    torch_ms = timed(lambda: fused_moe_torch(x, d1, d2, weights, ids), device)
+    touched = int(torch.unique(ids).numel())
+    packed_bytes = touched * 3 * hidden * inter * (0.5 + 1 / 32)
+    return {"kernel": "fused_moe", "shape": name, "tokens": tokens, "dtype": "mxfp4",
+            "path": "dot_scaled" if uses_dot_scaled(x) else "dequantise", "rel_err": err, "triton_ms": ours_ms,
+            "torch_ms": torch_ms, "speedup": torch_ms / ours_ms, "GBps": packed_bytes / ours_ms / 1e6}
+
+
 def attention_case(batch, tree, cache, device, dtype, heads=(32, 4), dim=128) -> dict:
     hq, hkv = heads
     q = torch.randn(batch, hq, tree, dim, device=device).to(dtype)
@@ -132,6 +161,8 @@ def main() -> int:
             if device.type == "cuda" and torch.cuda.get_device_capability()[0] >= 9:
                 report["results"].append(moe_case(name, shape, tokens, torch.bfloat16, device, fp8=True))
                 print(json.dumps(report["results"][-1]), flush=True)
+            report["results"].append(mxfp4_case(name, shape, tokens, device))
+            print(json.dumps(report["results"][-1]), flush=True)
     for batch, tree, cache in ([(2, 8, 40)] if dry else [(1, 16, 2048), (8, 32, 4096), (16, 64, 8192)]):
         report["results"].append(attention_case(batch, tree, cache, device, torch.float32 if dry else torch.bfloat16,
                                                 heads=(4, 2) if dry else (32, 4), dim=32 if dry else 128))

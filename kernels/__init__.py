@@ -4,11 +4,15 @@ Each function sends CUDA tensors to a Triton kernel and CPU tensors to its PyTor
 SPECDEC_KERNELS=triton|torch|auto overrides the choice (see dispatch.py).
 """
 
+import torch
+
 from kernels.attention_torch import tree_attention_torch
 from kernels.dispatch import backend_for
 from kernels.moe_torch import fused_moe_torch, moe_route_torch
+from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4, uses_dot_scaled
 
-__all__ = ["moe_route", "fused_moe", "tree_attention", "dequantize", "backend_for"]
+__all__ = ["moe_route", "fused_moe", "tree_attention", "dequantize", "dequantize_mxfp4", "quantize_mxfp4",
+           "backend_for"]
 
 
 def moe_route(router_logits, top_k: int, renormalize: bool):
@@ -25,7 +29,12 @@ def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, w1_scale=None, w2
 
     fp8 e4m3 weights take scales: per channel (w1_scale [E, 2I], w2_scale [E, H]) or, with
     block_shape (128, 128), per block (w1_scale [E, 2I/128, H/128], w2_scale [E, H/128, I/128]).
+    MXFP4 weights are uint8, packed two per byte ([E, 2I, H/2], [E, H, I/2]), with e8m0 scales
+    per 32 ([E, 2I, H/32], [E, H, I/32]); see mxfp4.py. They run natively on Blackwell and are
+    dequantised to x's dtype elsewhere.
     """
+    if w_gate_up.dtype == torch.uint8:
+        return _fused_moe_mxfp4(x, w_gate_up, w_down, topk_weights, topk_ids, w1_scale, w2_scale)
     if backend_for(x) == "triton":
         from kernels.triton_moe import fused_moe_triton
 
@@ -35,6 +44,17 @@ def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, w1_scale=None, w2
         w_gate_up = dequantize(w_gate_up, w1_scale, block_shape, x.dtype)
         w_down = dequantize(w_down, w2_scale, block_shape, x.dtype)
     return fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids)
+
+
+def _fused_moe_mxfp4(x, w1_packed, w2_packed, topk_weights, topk_ids, w1_scales, w2_scales):
+    if w1_scales is None or w2_scales is None:
+        raise ValueError("MXFP4 (uint8) expert weights need their e8m0 scales (w1_scale, w2_scale)")
+    if backend_for(x) == "triton" and uses_dot_scaled(x):
+        from kernels.triton_mxfp4 import fused_moe_mxfp4_triton
+
+        return fused_moe_mxfp4_triton(x, w1_packed, w1_scales, w2_packed, w2_scales, topk_weights, topk_ids)
+    w_gate_up, w_down = dequantize_mxfp4(w1_packed, w1_scales, x.dtype), dequantize_mxfp4(w2_packed, w2_scales, x.dtype)
+    return fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids)
 
 
 def dequantize(weight, scale, block_shape, dtype):

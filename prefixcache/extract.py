@@ -92,17 +92,20 @@ def _add(units: list, piece: bytes) -> None:
         units.append(piece.decode("utf-8", errors="replace")[:MAX_UNIT_CHARS])
 
 
+_DELIMITER = re.compile(rb"[()\[\]{},;]")
+
+
 def unit_end(line: bytes, start: int) -> int:
     """Where a unit that starts at `start` ends: a top-level , or ; the closing bracket around it, or the line end."""
     depth = 0
-    for i in range(start, len(line)):
-        c = line[i]
+    for match in _DELIMITER.finditer(line, start):  # only the delimiters, not every byte
+        c = line[match.start()]
         if c in _OPEN:
             depth += 1
         elif c in _CLOSE:
             depth -= 1
             if depth < 0:
-                return i
-        elif depth == 0 and c in b",;":
-            return i
+                return match.start()
+        elif depth == 0:
+            return match.start()
     return len(line)
