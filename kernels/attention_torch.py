@@ -23,6 +23,12 @@ def tree_attention_torch(q, k_cache, v_cache, cache_lens, tree_mask=None, scale=
         prefix = int(cache_lens[b])
         keys = k_cache[b : b + 1, :, : prefix + num_new]
         values = v_cache[b : b + 1, :, : prefix + num_new]
+        if prefix == 0 and tree_mask is None and num_new > 1:
+            # A prompt's first chunk: plain causal, which lets the flash kernel skip the masked
+            # half of the scores (a boolean mask makes it compute all of them).
+            outputs.append(F.scaled_dot_product_attention(q[b : b + 1], keys, values, is_causal=True, scale=scale,
+                                                          enable_gqa=True))
+            continue
         mask = _visible(prefix, num_new, None if tree_mask is None else tree_mask[b], q.device)
         outputs.append(
             F.scaled_dot_product_attention(
