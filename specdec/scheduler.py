@@ -175,7 +175,7 @@ class Scheduler:
             budget -= count
         return chosen
 
-    PREFILL_TOKENS_BUSY = 128  # prompt tokens per step while others decode
+    PREFILL_TOKENS_BUSY = 256  # prompt tokens per step while others decode
     PREFILL_TOKENS_IDLE = 2048  # and while nobody decodes: the whole prompt at once
 
     def _guard(self, g, action) -> bool:
