@@ -141,7 +141,8 @@ class Scheduler:
 
     def _decoding(self) -> list:
         """The active requests decoded this step: the oldest first. With an MoE on a memory-bound
-        machine every request in the batch wakes more experts (4 cost 3x one, 16 cost 7x), and
+        machine every request in the batch wakes more experts (measured here: 4 cost 1.8-3.2x one,
+        16 cost 3.9x), and
         under fast typing the youngest requests are the ones the next keystroke supersedes:
         decoding the survivors first gets a user who paused a completion soonest."""
         if len(self.active) <= self.MAX_DECODING:
