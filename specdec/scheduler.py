@@ -141,10 +141,10 @@ class Scheduler:
 
     def _decoding(self) -> list:
         """The active requests decoded this step: the oldest first. With an MoE on a memory-bound
-        machine every request in the batch wakes more experts (measured here: 4 cost 1.8-3.2x one,
-        16 cost 3.9x), and
-        under fast typing the youngest requests are the ones the next keystroke supersedes:
-        decoding the survivors first gets a user who paused a completion soonest."""
+        machine every request in the batch wakes more experts (measured here: 4 cost 1.8-3.2x
+        one, 16 cost 3.9x), and under fast typing the youngest requests are the ones the next
+        keystroke supersedes: decoding the survivors first gets a user who paused a completion
+        soonest."""
         if len(self.active) <= self.MAX_DECODING:
             return self.active
         return sorted(self.active, key=lambda g: g.started)[: self.MAX_DECODING]
