@@ -99,6 +99,33 @@ def _load_weight_tile(w_ptr, expert, rows, cols, stride_e, stride_n, stride_k, m
 
 
 @triton.jit
+def block_pairs(block_expert_ptr, sorted_pairs_ptr, num_pairs, BLOCK_M: tl.constexpr):
+    """The expert of this program's block of sorted pairs, the rows, the pair ids, which are real."""
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_pairs_ptr + offs_m)
+    return expert, offs_m, pairs, pairs < num_pairs
+
+
+@triton.jit
+def store_silu_product(h_ptr, acc_gate, acc_up, offs_m, offs_n, inter, valid, n_ok):
+    """GEMM 1's epilogue: h = silu(gate) * up, one row per sorted pair."""
+    h = acc_gate * tl.sigmoid(acc_gate) * acc_up
+    tl.store(h_ptr + offs_m[:, None] * inter + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def store_weighted(out_ptr, weights_ptr, acc, pairs, offs_n, hidden, valid, n_ok):
+    """GEMM 2's epilogue: the routing weight multiplied in, each pair written to its own row."""
+    routing = tl.load(weights_ptr + pairs, mask=valid, other=0.0)
+    acc = acc * routing[:, None]
+    tl.store(out_ptr + pairs.to(tl.int64)[:, None] * hidden + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr,  # [T, H]
                     w_ptr,  # [E, 2I, H]
                     scale_ptr, h_ptr,  # [padded, I]
@@ -107,13 +134,9 @@ def _gate_up_kernel(x_ptr,  # [T, H]
                     scale_stride_e, scale_stride_n, scale_stride_k,
                     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     SCALE_MODE: tl.constexpr, SCALE_BLOCK: tl.constexpr, DOT_FP32: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.load(sorted_pairs_ptr + offs_m)
-    valid = pairs < num_pairs
+    expert, offs_m, pairs, valid = block_pairs(block_expert_ptr, sorted_pairs_ptr, num_pairs, BLOCK_M)
     tokens = (pairs // TOP_K).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < inter
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -133,9 +156,7 @@ def _gate_up_kernel(x_ptr,  # [T, H]
         else:
             acc_gate += tl.dot(a, wg.to(a.dtype))
             acc_up += tl.dot(a, wu.to(a.dtype))
-    h = acc_gate * tl.sigmoid(acc_gate) * acc_up
-    tl.store(h_ptr + offs_m[:, None] * inter + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
-             mask=valid[:, None] & n_ok[None, :])
+    store_silu_product(h_ptr, acc_gate, acc_up, offs_m, offs_n, inter, valid, n_ok)
 
 
 @triton.jit
@@ -148,12 +169,8 @@ def _down_kernel(h_ptr,  # [padded, I]
                  scale_stride_e, scale_stride_n, scale_stride_k,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  SCALE_MODE: tl.constexpr, SCALE_BLOCK: tl.constexpr, DOT_FP32: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.load(sorted_pairs_ptr + offs_m)
-    valid = pairs < num_pairs
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    expert, offs_m, pairs, valid = block_pairs(block_expert_ptr, sorted_pairs_ptr, num_pairs, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hidden
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, inter, BLOCK_K):
@@ -167,10 +184,7 @@ def _down_kernel(h_ptr,  # [padded, I]
             acc += tl.dot(a.to(tl.float32), w, input_precision="ieee")
         else:
             acc += tl.dot(a, w.to(a.dtype))
-    routing = tl.load(weights_ptr + pairs, mask=valid, other=0.0)
-    acc = acc * routing[:, None]
-    tl.store(out_ptr + pairs.to(tl.int64)[:, None] * hidden + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=valid[:, None] & n_ok[None, :])
+    store_weighted(out_ptr, weights_ptr, acc, pairs, offs_n, hidden, valid, n_ok)
 
 
 def _scale_args(scale, weight, block_shape):

@@ -1,6 +1,6 @@
 """Fused MoE over MXFP4 expert weights with tl.dot_scaled (Blackwell; see mxfp4.py for the format).
 
-The same two grouped GEMMs as triton_moe.py (routing, alignment and epilogues shared), except
+The same two grouped GEMMs as triton_moe.py (alignment, block prologue and epilogues shared), except
 that each weight tile is loaded packed, two e2m1 values per byte, with its e8m0 scales, and the
 tensor cores scale and multiply it in one instruction: the weights cross memory at 4.25 bits.
 """
@@ -11,7 +11,7 @@ import triton.language as tl
 
 from kernels.configs import launch_config
 from kernels.mxfp4 import GROUP
-from kernels.triton_moe import align_by_expert
+from kernels.triton_moe import align_by_expert, block_pairs, store_silu_product, store_weighted
 
 
 @triton.jit
@@ -31,13 +31,9 @@ def _gate_up_mx_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_pairs_ptr, block_exper
                        num_pairs, hidden, inter, stride_x, stride_e, stride_n, s_stride_e, s_stride_n,
                        TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        A_FORMAT: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.load(sorted_pairs_ptr + offs_m)
-    valid = pairs < num_pairs
+    expert, offs_m, pairs, valid = block_pairs(block_expert_ptr, sorted_pairs_ptr, num_pairs, BLOCK_M)
     tokens = (pairs // TOP_K).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < inter
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -50,21 +46,15 @@ def _gate_up_mx_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_pairs_ptr, block_exper
                               s_stride_n, BLOCK_K)
         acc_gate = tl.dot_scaled(a, None, A_FORMAT, wg, sg, "e2m1", acc_gate)
         acc_up = tl.dot_scaled(a, None, A_FORMAT, wu, su, "e2m1", acc_up)
-    h = acc_gate * tl.sigmoid(acc_gate) * acc_up
-    tl.store(h_ptr + offs_m[:, None] * inter + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
-             mask=valid[:, None] & n_ok[None, :])
+    store_silu_product(h_ptr, acc_gate, acc_up, offs_m, offs_n, inter, valid, n_ok)
 
 
 @triton.jit
 def _down_mx_kernel(h_ptr, w_ptr, s_ptr, weights_ptr, out_ptr, sorted_pairs_ptr, block_expert_ptr,
                     num_pairs, hidden, inter, stride_e, stride_n, s_stride_e, s_stride_n,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_FORMAT: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.load(sorted_pairs_ptr + offs_m)
-    valid = pairs < num_pairs
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    expert, offs_m, pairs, valid = block_pairs(block_expert_ptr, sorted_pairs_ptr, num_pairs, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hidden
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, inter, BLOCK_K):  # inter is a multiple of BLOCK_K
@@ -73,10 +63,7 @@ def _down_mx_kernel(h_ptr, w_ptr, s_ptr, weights_ptr, out_ptr, sorted_pairs_ptr,
         w, s = _packed_tile(w_ptr, s_ptr, expert, offs_n, k0, n_ok, stride_e, stride_n, s_stride_e, s_stride_n,
                             BLOCK_K)
         acc = tl.dot_scaled(a, None, A_FORMAT, w, s, "e2m1", acc)
-    routing = tl.load(weights_ptr + pairs, mask=valid, other=0.0)
-    acc = acc * routing[:, None]
-    tl.store(out_ptr + pairs.to(tl.int64)[:, None] * hidden + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=valid[:, None] & n_ok[None, :])
+    store_weighted(out_ptr, weights_ptr, acc, pairs, offs_n, hidden, valid, n_ok)
 
 
 _A_FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
