@@ -1,5 +1,6 @@
 """report.md and PNG plots from a results.json and its per-point records."""
 
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -28,61 +29,55 @@ def write_markdown(results: dict, out: Path, command: str) -> None:
 
 
 def write_plots(results: dict, records: dict, out: Path) -> None:
+    with _figure(out / "latency_cdf.png", "Latency CDF", "latency (ms)", "fraction of completions") as ax:
+        for name, rows in records.items():
+            ms = sorted(r["ms"] for r in rows)
+            ax.plot(ms, [(i + 1) / len(ms) for i in range(len(ms))], label=name)
+        ax.set_xscale("log")
+        ax.legend(fontsize=7)
+
+    with _figure(out / "tau_hist.png", "tau histogram", "tau (tokens per target pass) per completion") as ax:
+        for name, rows in records.items():
+            taus = [r["generated"] / r["passes"] for r in rows if r["passes"]]
+            if taus and name != "ar":
+                ax.hist(taus, bins=20, alpha=0.5, label=name)
+        ax.legend(fontsize=7)
+
+    with _figure(out / "speedup_by_length.png", "Speedup by completion length", "completion length (tokens)",
+                 "speedup vs ar") as ax:
+        reference = records["ar"]
+        for name, rows in records.items():
+            if name == "ar":
+                continue
+            xs = [a["generated"] for a in reference]
+            ys = [a["ms"] / r["ms"] if r["ms"] else 0 for a, r in zip(reference, rows, strict=True)]
+            ax.scatter(xs, ys, s=8, alpha=0.5, label=name)
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.legend(fontsize=7)
+
+    load = results.get("expert_load", {}).get("tokens_per_expert", [])
+    if load:
+        with _figure(out / "expert_load.png", "Expert load", "expert", "MoE layer") as ax:
+            image = ax.imshow(load, aspect="auto", cmap="viridis")
+            ax.figure.colorbar(image, label="tokens routed")
+
+
+@contextmanager
+def _figure(path: Path, title: str, xlabel: str, ylabel: str | None = None):
+    """One 6x4 plot: the body draws on the axes; titled, labelled and saved here."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, rows in records.items():
-        ms = sorted(r["ms"] for r in rows)
-        ax.plot(ms, [(i + 1) / len(ms) for i in range(len(ms))], label=name)
-    ax.set_xscale("log")
-    ax.set_xlabel("latency (ms)")
-    ax.set_ylabel("fraction of completions")
-    ax.legend(fontsize=7)
-    ax.set_title("Latency CDF")
-    fig.tight_layout()
-    fig.savefig(out / "latency_cdf.png", dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, rows in records.items():
-        taus = [r["generated"] / r["passes"] for r in rows if r["passes"]]
-        if taus and name != "ar":
-            ax.hist(taus, bins=20, alpha=0.5, label=name)
-    ax.set_xlabel("tau (tokens per target pass) per completion")
-    ax.legend(fontsize=7)
-    ax.set_title("tau histogram")
-    fig.tight_layout()
-    fig.savefig(out / "tau_hist.png", dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    reference = records["ar"]
-    for name, rows in records.items():
-        if name == "ar":
-            continue
-        xs = [a["generated"] for a in reference]
-        ys = [a["ms"] / r["ms"] if r["ms"] else 0 for a, r in zip(reference, rows, strict=True)]
-        ax.scatter(xs, ys, s=8, alpha=0.5, label=name)
-    ax.axhline(1.0, color="grey", lw=0.5)
-    ax.set_xlabel("completion length (tokens)")
-    ax.set_ylabel("speedup vs ar")
-    ax.legend(fontsize=7)
-    ax.set_title("Speedup by completion length")
-    fig.tight_layout()
-    fig.savefig(out / "speedup_by_length.png", dpi=110)
-    plt.close(fig)
-
-    load = results.get("expert_load", {}).get("tokens_per_expert", [])
-    if load:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        image = ax.imshow(load, aspect="auto", cmap="viridis")
-        ax.set_xlabel("expert")
-        ax.set_ylabel("MoE layer")
-        fig.colorbar(image, label="tokens routed")
-        ax.set_title("Expert load")
+    try:
+        yield ax
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        if ylabel:
+            ax.set_ylabel(ylabel)
         fig.tight_layout()
-        fig.savefig(out / "expert_load.png", dpi=110)
+        fig.savefig(path, dpi=110)
+    finally:
         plt.close(fig)
