@@ -36,40 +36,29 @@ class _ChunkTable:
     def flat(self) -> tuple:
         """(keys, counts, owners) as parallel lists: a third of the pickling and unpickling time
         of the dict of lists, for the table a worker sends to the parent."""
-        owner, multi = self.owner, self.multi
         keys = list(self.counts)
-        return keys, list(self.counts.values()), [owner[k] | MULTI_FILE if k in multi else owner[k] for k in keys]
+        return keys, list(self.counts.values()), list(map(self._owner, keys))
 
     def entries(self) -> dict:
-        """key -> [count, first file | MULTI_FILE], as merge_units makes them."""
-        owner, multi = self.owner, self.multi
-        return {key: [count, owner[key] | MULTI_FILE if key in multi else owner[key]] for key, count in self.counts.items()}
+        """key -> [count, first file | MULTI_FILE], as merge_entries makes them."""
+        return {key: [count, self._owner(key)] for key, count in self.counts.items()}
+
+    def _owner(self, key) -> int:
+        return self.owner[key] | MULTI_FILE if key in self.multi else self.owner[key]
 
 
-def merge_units(units: dict, found: Counter, file_index: int) -> None:
-    """units: key -> [count, file index | MULTI_FILE flag]; the lowest file index is kept.
+def merge_entries(total: dict, part) -> None:
+    """Adds part, (key, count, first file | MULTI_FILE) triples from files none of which is in
+    total, to total: key -> [count, lowest file index | MULTI_FILE when in more than one].
 
     Used for units (text keys) and for line-follows pairs ((previous, line) keys) alike, so that
     a tombstoned file hides exactly what only it contained.
     """
-    get = units.get
-    for text, count in found.items():
-        entry = get(text)
-        if entry is None:
-            units[text] = [count, file_index]
-        else:
-            entry[0] += count
-            if (entry[1] & ~MULTI_FILE) != file_index:
-                entry[1] = min(entry[1] & ~MULTI_FILE, file_index) | MULTI_FILE
-
-
-def _merge_chunk_units(total: dict, part) -> None:
-    """part: (key, count, first file | MULTI_FILE) triples of files none of which is in total."""
     get = total.get
-    for text, count, file_index in part:
-        entry = get(text)
+    for key, count, file_index in part:
+        entry = get(key)
         if entry is None:
-            total[text] = [count, file_index]
+            total[key] = [count, file_index]
         else:
             entry[0] += count
             entry[1] = min(entry[1] & ~MULTI_FILE, file_index & ~MULTI_FILE) | MULTI_FILE
@@ -89,9 +78,9 @@ def build_tables(root: Path, workers: int | None = None, progress: bool = False,
     units, follows, records, skipped = parts[0][0], parts[0][1], [], Counter()
     for i, (part_units, part_follows, part_files, part_skipped) in enumerate(parts):
         if i:  # a worker's flat tables
-            _merge_chunk_units(units, zip(*part_units, strict=True))
+            merge_entries(units, zip(*part_units, strict=True))
             previous, lines, counts, owners = part_follows
-            _merge_chunk_units(follows, zip(zip(previous, lines, strict=True), counts, owners, strict=True))
+            merge_entries(follows, zip(zip(previous, lines, strict=True), counts, owners, strict=True))
         records.extend(part_files)
         skipped.update(part_skipped)
     return units, follows, _renumber((units, follows), records), skipped, len(paths)

@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 
 from prefixcache import propose as proposer
-from prefixcache.build import MULTI_FILE, build_tables, content_hash, merge_units
+from prefixcache.build import MULTI_FILE, build_tables, content_hash, merge_entries
 from prefixcache.extract import extract
 from prefixcache.files import list_files, read_source
 from prefixcache.overlay import Overlay
@@ -142,8 +142,9 @@ class Index:
                 follows[key] = [int(static.follow_counts[j]), remap.get(owner & ~MULTI_FILE, 0) | (owner & MULTI_FILE)]
         for rel, found in self.overlay.per_file.items():
             files.append({"path": rel, "hash": "", "chars": 0, "parsed": found.parsed})
-            merge_units(units, found.units, len(files) - 1)
-            merge_units(follows, found.follows, len(files) - 1)
+            new_file = len(files) - 1
+            merge_entries(units, ((text, count, new_file) for text, count in found.units.items()))
+            merge_entries(follows, ((pair, count, new_file) for pair, count in found.follows.items()))
         self.static = StaticIndex.build(units, follows)
         self.files = files
         self.file_index = {f["path"]: i for i, f in enumerate(files)}
