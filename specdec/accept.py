@@ -106,9 +106,3 @@ def _target_token(row, s: Sampling, uniforms: Uniforms | None, position: int) ->
         index -= 1
     return index
 
-
-def sample_token(row, s: Sampling, uniforms: Uniforms | None = None, allowed=None, position: int = 0) -> int:
-    """The target's own token at `position` (plain decoding)."""
-    if allowed is not None:
-        row = _restrict(row, allowed)
-    return _target_token(row, s, uniforms, position)

@@ -53,7 +53,7 @@ class PromptBuilder:
         self._sorted_ids = [i for _, i in ranked]
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids if text else []
+        return self._encoding(text).ids if text else []
 
     def build(self, prefix: str, suffix: str = "", extra=(), path: str | None = None, heal: bool = True) -> Prompt:
         sp = self.special
@@ -150,7 +150,7 @@ def _line_start_at_or_after(text: str, position: int) -> int:
 def _anchor_at_or_after(text: str, start: int) -> int | None:
     """The first anchor line start at or after `start`; the first line start if no anchor is
     near; None if no line starts there."""
-    line = 0 if start == 0 else text.find("\n", start - 1) + 1
+    line = _line_start_at_or_after(text, start)
     if line == 0 and start > 0:
         return None
     first = line

@@ -130,14 +130,6 @@ class Generation:
     def prefilling(self) -> bool:
         return self.decode_started is None
 
-    def prepare(self) -> None:
-        """The whole prefill at once (begin, then every remaining prompt token in one forward)."""
-        self.begin()
-        if self.prefilling:
-            tokens, positions, segment = self.prefill_segment(self.prefill_remaining())
-            self.engine.target(tokens, positions, [segment], logits_rows=[])
-            self.prefill_fed()
-
     def _prefilled(self) -> None:
         if self.draft is not None:
             self.draft.sync(self.committed)

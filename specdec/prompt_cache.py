@@ -58,13 +58,16 @@ class PromptCache:
 
     def _evict(self) -> None:
         self.entries.sort(key=lambda e: e.last_used)
-        while self.entries and sum(e.nbytes() for e in self.entries) > self.max_bytes:
+        while self.entries and self._bytes_held() > self.max_bytes:
             self.entries.pop(0)
 
     def nbytes(self) -> tuple[int, int]:
         """(entries, bytes held): for the server's metrics."""
         with self.lock:
-            return len(self.entries), sum(e.nbytes() for e in self.entries)
+            return len(self.entries), self._bytes_held()
+
+    def _bytes_held(self) -> int:
+        return sum(e.nbytes() for e in self.entries)
 
     def clear(self) -> None:
         with self.lock:
