@@ -28,12 +28,13 @@ class EngineBridge:
         self.engine, self.metrics = engine, metrics
         engine.scheduler.start()
 
-    async def start(self, options: dict, document: str | None):
-        """A submitted generation, with an asyncio queue of (kind, payload) events."""
+    def start(self, options: dict, document: str | None):
+        """A submitted generation, with an asyncio queue of (kind, payload) events (called on the
+        event loop: it only validates and enqueues; the scheduler builds the prompt)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         try:
-            g = self.engine.generation(**options)  # validation only: the scheduler builds the prompt
+            g = self.engine.generation(**options)
         except ValueError as err:
             raise ApiError(400, str(err)) from None
         g.request.document = document
@@ -51,7 +52,7 @@ class EngineBridge:
         The disconnect is the ASGI server's http.disconnect message, awaited alongside the
         result (polling each request for it costs the event loop more than the requests do,
         at a request per keystroke)."""
-        g, events = await self.start(options, document)
+        g, events = self.start(options, document)
         done = asyncio.ensure_future(self._until_done(events))
         gone = asyncio.ensure_future(_until_disconnect(request))
         try:

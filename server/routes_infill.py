@@ -30,7 +30,7 @@ async def infill(request: Request, state: StateDep, body: BodyDep):
 
 
 async def _stream(state, options, document, fields):
-    g, events = await state.bridge.start(options, document)
+    g, events = state.bridge.start(options, document)
     sent = ""
     try:
         async for delta in state.bridge.text_deltas(events):

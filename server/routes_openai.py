@@ -54,7 +54,7 @@ def _usage(result) -> dict:
 
 async def _stream(state, options, document, meta):
     """SSE: `data: {json}` events, then `data: [DONE]`; no comment lines (Continue stops at them)."""
-    g, events = await state.bridge.start(options, document)
+    g, events = state.bridge.start(options, document)
     sent = ""
     try:
         async for delta in state.bridge.text_deltas(events):
