@@ -11,6 +11,8 @@ the start of a line.
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import getitem
 
 from prefixcache import grammars
 
@@ -28,17 +30,19 @@ class FileUnits:
 
 
 def extract(path: str, text: str) -> FileUnits:
-    units, follows, parsed = occurrences(path, text)
-    return FileUnits(Counter(units), Counter(follows), parsed)
+    units, follow_at, parsed = occurrences(path, text)
+    return FileUnits(Counter(units), Counter((units[i - 1], units[i]) for i in follow_at), parsed)
 
 
 def occurrences(path: str, text: str) -> tuple[list, list, bool]:
-    """(every unit occurrence, every (previous line, line) occurrence, parsed with a grammar)."""
+    """(every unit occurrence, follow_at, parsed with a grammar): i in follow_at says that the
+    line units[i] follows the line units[i - 1]. Positions rather than pairs of texts, so that a
+    build counts follows with array indexing instead of two dict lookups per pair."""
     source = text.encode("utf-8", errors="replace")
     lines = source.split(b"\n")
     # Occurrences are collected in lists and counted at C speed afterwards.
-    units, follows = [], []
-    _line_units(lines, units, follows)
+    units, follow_at = [], []
+    _line_units(lines, units, follow_at)
     parsed = False
     language = grammars.language_for(path)
     if language is not None:
@@ -48,23 +52,29 @@ def occurrences(path: str, text: str) -> tuple[list, list, bool]:
             parsed = True
         except (ValueError, RuntimeError):  # a grammar that cannot handle the file: lines only
             pass
-    return units, follows, parsed
+    return units, follow_at, parsed
 
 
-def _line_units(lines, units: list, follows: list) -> None:
-    previous = None
+def _line_units(lines, units: list, follow_at: list) -> None:
+    """Every non-blank line as a unit (these come first in units), and which follow which."""
+    if max(map(len, lines), default=0) <= MAX_LINE_BYTES:  # no line breaks the chain: C-level maps only
+        # The lines come from valid UTF-8 split at newlines, so a strict decode cannot fail.
+        nonblank = list(map(bytes.decode, filter(None, map(bytes.strip, lines))))
+        follow_at += range(len(units) + 1, len(units) + len(nonblank))
+        units += map(getitem, nonblank, repeat(slice(MAX_UNIT_CHARS)))
+        return
+    follows_previous = False
     for raw in lines:
         if len(raw) > MAX_LINE_BYTES:
-            previous = None
+            follows_previous = False
             continue
         stripped = raw.strip()
         if not stripped:
             continue
-        line = stripped.decode("utf-8", errors="replace")[:MAX_UNIT_CHARS]
-        units.append(line)
-        if previous is not None:
-            follows.append((previous, line))
-        previous = line
+        if follows_previous:
+            follow_at.append(len(units))
+        units.append(stripped.decode("utf-8", errors="replace")[:MAX_UNIT_CHARS])
+        follows_previous = True
 
 
 def _tree_units(language, tree, lines, units: list) -> None:

@@ -7,11 +7,12 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 
 from prefixcache import propose as proposer
-from prefixcache.build import MULTI_FILE, build_tables, content_hash, merge_entries
+from prefixcache.build import build_tables, content_hash
 from prefixcache.extract import extract
 from prefixcache.files import list_files, read_source
 from prefixcache.overlay import Overlay
 from prefixcache.store import StaticIndex, read_manifest, write_index
+from prefixcache.tables import MULTI_FILE, from_entries, merge
 
 COMPACT_UNITS = 50_000  # overlay units beyond which update() folds the overlay into a new trie
 
@@ -35,8 +36,8 @@ class Index:
         if not root.is_dir():
             raise FileNotFoundError(f"{repo}: not a directory")
         started = time.perf_counter()
-        units, follows, files, skipped, listed = build_tables(root, workers, progress, tuple(exclude))
-        static = StaticIndex.build(units, follows)
+        tables, files, skipped, listed = build_tables(root, workers, progress, tuple(exclude))
+        static = StaticIndex.build(tables)
         summary = {"exclude": list(exclude), "listed": listed, "indexed": len(files), "skipped": dict(skipped), "units": len(static.trie),
                    "follow_pairs": int(len(static.follow_ids)), "source_chars": sum(f["chars"] for f in files),
                    "build_seconds": round(time.perf_counter() - started, 3), "built_at": time.time()}
@@ -140,12 +141,13 @@ class Index:
                     continue
                 key = (prev, static.trie.restore_key(int(static.follow_ids[j])))
                 follows[key] = [int(static.follow_counts[j]), remap.get(owner & ~MULTI_FILE, 0) | (owner & MULTI_FILE)]
+        parts = [from_entries(units, follows)]
         for rel, found in self.overlay.per_file.items():
             files.append({"path": rel, "hash": "", "chars": 0, "parsed": found.parsed})
             new_file = len(files) - 1
-            merge_entries(units, ((text, count, new_file) for text, count in found.units.items()))
-            merge_entries(follows, ((pair, count, new_file) for pair, count in found.follows.items()))
-        self.static = StaticIndex.build(units, follows)
+            parts.append(from_entries({text: (count, new_file) for text, count in found.units.items()},
+                                      {pair: (count, new_file) for pair, count in found.follows.items()}))
+        self.static = StaticIndex.build(merge(parts))
         self.files = files
         self.file_index = {f["path"]: i for i, f in enumerate(files)}
         self.overlay = Overlay()
