@@ -37,6 +37,10 @@ TIER_MIN_COUNTS = (64, 8)  # frequent units again in small tries, so a prefix se
 DATA_FILES = ("units.marisa", "arrays.npz") + tuple(f"tier{i}.marisa" for i in range(len(TIER_MIN_COUNTS)))
 _ARRAYS = ("counts", "file_of", "follow_ids", "follow_counts", "follow_file")
 MAX_UNIQUE_UNIT_CHARS = 40
+# marisa's default is 3 nested tries. 2 on Lib/: build 0.18 s instead of 0.25, key lookups 0.20 s
+# instead of 0.25, prefix walks 1.2x faster, file 1.81 MB instead of 1.62 (1 level: 2.38 MB,
+# which would take the index past a quarter of the source bytes).
+UNIT_TRIE_LEVELS = 2
 
 
 def _kept(keys: list, counts: np.ndarray) -> np.ndarray:
@@ -68,7 +72,7 @@ class StaticIndex:
         kept = np.flatnonzero(_kept(tables.keys, counts_all))
         keys = [tables.keys[i] for i in kept.tolist()]
         weights = counts_all[kept]
-        trie = marisa_trie.Trie(keys, weights=weights.tolist())
+        trie = marisa_trie.Trie(keys, weights=weights.tolist(), num_tries=UNIT_TRIE_LEVELS)
         n = len(trie)
         trie_id = np.full(len(tables.keys), -1, dtype=np.int64)  # table index -> key id in the trie
         trie_id[kept] = np.fromiter(map(trie.key_id, keys), dtype=np.int64, count=len(keys))
