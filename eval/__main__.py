@@ -27,6 +27,9 @@ def main(argv=None) -> int:
     r.add_argument("--target", type=Path)
     r.add_argument("--draft", type=Path)
     r.add_argument("--baselines", action="store_true", help="also time transformers' generate, prompt lookup and assisted decoding")
+    r.add_argument("--always-speculate", action="store_true",
+                   help="speculate at every step with every node the sources offer (up to the tree budget), even where "
+                        "measured plain steps are faster: acceptance of the sources themselves, apart from the hardware")
     c = sub.add_parser("compare", help="print the differences between two results.json files")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
@@ -53,7 +56,7 @@ def _run(args, argv) -> int:
     if not points:
         raise ValueError(f"{args.repo}: no source files to sample completion points from")
     index = Index.build(args.repo)
-    engine = Engine.from_pretrained(args.target, args.draft, index)
+    engine = Engine.from_pretrained(args.target, args.draft, index, adaptive=not args.always_speculate)
     baselines = None
     if args.baselines:
         from eval.baselines import HFBaselines
@@ -64,6 +67,7 @@ def _run(args, argv) -> int:
     results = {"repo": str(args.repo), "points": len(points), "seed": args.seed,
                "target": str(engine.target.path), "draft": str(engine.draft.path if engine.draft else None),
                "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
+               "adaptive": engine.adaptive,
                "strategies": summarize(records), "expert_load": expert_load_summary(engine.target)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

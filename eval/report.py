@@ -22,7 +22,9 @@ def write_markdown(results: dict, out: Path, command: str) -> None:
     load = results.get("expert_load", {}).get("max_over_mean_per_layer", [])
     text = [f"# Evaluation: {results['repo']}", "", f"`{command}`", "",
             f"{results['points']} points, seed {results['seed']}, target `{results['target']}`, draft `{results['draft']}`, "
-            f"machine: {results.get('machine', '')}", "", *rows, *modes, "",
+            f"machine: {results.get('machine', '')}",
+            "" if results.get("adaptive", True) else "Speculating at every step (--always-speculate), whatever it costs.",
+            "", *rows, *modes, "",
             f"Expert load (max/mean tokens per expert, by layer): {', '.join(f'{x:.2f}' for x in load)}", "",
             "Plots: latency_cdf.png, tau_hist.png, speedup_by_length.png, expert_load.png", ""]
     (out / "report.md").write_text("\n".join(text))

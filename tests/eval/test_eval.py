@@ -77,3 +77,17 @@ def test_tiny_end_to_end_run(tiny_models, tmp_path):
     for plot in ("latency_cdf.png", "tau_hist.png", "speedup_by_length.png", "expert_load.png", "report.md"):
         assert (out / plot).exists()
     assert eval_main(["compare", str(out / "results.json"), str(out / "results.json")]) == 0
+
+
+def test_always_speculate_run_is_recorded_and_stays_lossless(tiny_models, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "m.py").write_text("def f(x):\n    value = x + 1\n    return value * 2\n\n" * 4)
+    out = tmp_path / "out"
+    rc = eval_main(["run", "--repo", str(repo), "--points", "2", "--seed", "0", "--out", str(out), "--strategies", "hybrid",
+                    "--target", str(tiny_models[0]), "--draft", str(tiny_models[1]), "--max-tokens", "6", "--always-speculate"])
+    assert rc == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["adaptive"] is False and set(results["strategies"]) == {"ar", "hybrid"}
+    assert results["strategies"]["hybrid"]["identical_to_ar"] == 1.0
+    assert "--always-speculate" in (out / "report.md").read_text()
