@@ -39,6 +39,8 @@ class Scheduler:
 
     def submit(self, generation) -> None:
         with self.lock:
+            if any(generation is g for g in (*self.waiting, *self.prefilling, *self.active)):
+                return  # submitted already (run_until_done after submit): it must not supersede itself
             self._drop_cancelled_waiting()
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull(f"{len(self.waiting)} requests already waiting")

@@ -44,3 +44,13 @@ def test_chunked_batched_prefill_equals_whole_prefill(tiny_models):
         engine.scheduler.run_until_done(gens)
     assert [g.result().tokens for g in gens] == alone
     assert all(g.stats["prefill_tokens"] > 100 for g in gens)
+
+
+def test_submitting_twice_does_not_supersede_the_request_itself(tiny_models):
+    engine = _engine(tiny_models)
+    _, prefix, suffix = code_prompts(1, seed=3, before=300)[0]
+    g = engine.generation(prefix, suffix, max_tokens=4)
+    g.request.document = "doc"
+    engine.scheduler.submit(g)
+    engine.scheduler.run_until_done([g])  # submits again
+    assert g.stop_reason != "superseded" and g.result().tokens
