@@ -167,8 +167,9 @@ def test_repeated_updates_leave_the_overlay_as_one_update_would():
     assert incremental.with_prefix("client.", 8) == other.with_prefix("client.", 8)
 
 
-def test_parallel_build_equals_serial_build(tmp_path):
-    """Forked workers (the parent indexing one share) give exactly the serial tables."""
+def test_parallel_build_equals_serial_build(tmp_path, monkeypatch):
+    """Forked workers (the parent indexing files too), and counting in chunks, give exactly the serial tables."""
+    from prefixcache import build
     from prefixcache.build import build_tables
 
     for i in range(140):
@@ -177,3 +178,6 @@ def test_parallel_build_equals_serial_build(tmp_path):
     serial, parallel = build_tables(tmp_path, workers=1), build_tables(tmp_path, workers=2)
     assert serial[0].entries() == parallel[0].entries() and len(serial[0].keys) > 100
     assert serial[1:] == parallel[1:]
+    monkeypatch.setattr(build, "CHUNK_OCCURRENCES", 50)
+    chunked = build_tables(tmp_path, workers=2)
+    assert chunked[0].entries() == serial[0].entries() and chunked[1:] == serial[1:]
