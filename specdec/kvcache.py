@@ -60,12 +60,16 @@ class KVCache:
         self.length = min(self.length, length)
         self.pending = 0
 
-    def clone(self) -> "KVCache":
+    def clone(self, length: int | None = None, capacity: int = 0) -> "KVCache":
+        """A copy of the first `length` committed tokens (all by default), with room for `capacity`."""
+        length = self.length if length is None else min(length, self.length)
+        shape = self.keys.shape[:3] + (max(length, capacity, 1), self.keys.shape[4])
         copy = KVCache.__new__(KVCache)
         copy.shape = self.shape
-        copy.keys = self.keys[:, :, :, : max(self.length, 1)].clone()
-        copy.values = self.values[:, :, :, : max(self.length, 1)].clone()
-        copy.length, copy.pending = self.length, 0
+        copy.keys, copy.values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
+        copy.keys[:, :, :, :length] = self.keys[:, :, :, :length]
+        copy.values[:, :, :, :length] = self.values[:, :, :, :length]
+        copy.length, copy.pending = length, 0
         return copy
 
     def nbytes(self) -> int:
