@@ -6,6 +6,8 @@ import time
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
+import numpy as np
+
 from prefixcache import propose as proposer
 from prefixcache.build import build_tables, content_hash
 from prefixcache.extract import extract
@@ -123,25 +125,10 @@ class Index:
     def compact(self) -> None:
         """Fold the overlay into a fresh static trie (a full rebuild of the trie, not of the sources)."""
         keep = [i for i in range(len(self.files)) if i not in self.overlay.tombstones]
-        remap = {old: new for new, old in enumerate(keep)}
+        remap = np.zeros(max(1, len(self.files)), dtype=np.int64)  # a tombstoned file's index maps to 0
+        remap[keep] = np.arange(len(keep))
         files = [self.files[i] for i in keep]
-        units = {}
-        for text, kid in self.static.trie.iteritems():
-            count, owner = self._static_entry(kid)
-            if count:
-                base = owner & ~MULTI_FILE
-                units[text] = [count, remap.get(base, 0) | (owner & MULTI_FILE)]
-        follows = {}
-        static = self.static
-        for prev, kid in static.trie.iteritems():
-            lo, hi = int(static.follow_offsets[kid]), int(static.follow_offsets[kid + 1])
-            for j in range(lo, hi):
-                owner = int(static.follow_file[j])
-                if self._hidden(owner):
-                    continue
-                key = (prev, static.trie.restore_key(int(static.follow_ids[j])))
-                follows[key] = [int(static.follow_counts[j]), remap.get(owner & ~MULTI_FILE, 0) | (owner & MULTI_FILE)]
-        parts = [from_entries(units, follows)]
+        parts = [self.static.visible_tables(self.overlay.tombstones, remap)]
         for rel, found in self.overlay.per_file.items():
             files.append({"path": rel, "hash": "", "chars": 0, "parsed": found.parsed})
             new_file = len(files) - 1

@@ -30,7 +30,7 @@ from pathlib import Path
 import marisa_trie
 import numpy as np
 
-from prefixcache.tables import COUNT, LINE, PREVIOUS, Tables
+from prefixcache.tables import COUNT, LINE, MULTI_FILE, PREVIOUS, Tables, from_columns, owner_stats
 
 FORMAT_VERSION = 1
 TIER_MIN_COUNTS = (64, 8)  # frequent units again in small tries, so a prefix search meets them first
@@ -41,6 +41,17 @@ MAX_UNIQUE_UNIT_CHARS = 40
 # instead of 0.25, prefix walks 1.2x faster, file 1.81 MB instead of 1.62 (1 level: 2.38 MB,
 # which would take the index past a quarter of the source bytes).
 UNIT_TRIE_LEVELS = 2
+
+
+def _hidden(owners: np.ndarray, hidden_file: np.ndarray) -> np.ndarray:
+    """Owners (file index | MULTI_FILE) of entries found only in a hidden file."""
+    single = (owners & MULTI_FILE) == 0
+    base = owners & ~MULTI_FILE
+    return single & hidden_file[np.minimum(base, len(hidden_file) - 1)] & (base < len(hidden_file))
+
+
+def _renumbered(owners: np.ndarray, remap: np.ndarray) -> np.ndarray:
+    return remap[owners & ~MULTI_FILE] | (owners & MULTI_FILE)
 
 
 def _kept(keys: list, counts: np.ndarray) -> np.ndarray:
@@ -85,6 +96,29 @@ class StaticIndex:
         # prefix (`self.`) would meet rare units first; the tiers put frequent ones up front.
         tiers = tuple(marisa_trie.Trie(list(compress(keys, (weights >= m).tolist()))) for m in TIER_MIN_COUNTS)
         return cls(trie, counts, file_of, offsets, follow_ids, follow_counts, follow_file, tiers)
+
+    def visible_tables(self, hidden_files: set, remap: np.ndarray) -> Tables:
+        """The entries not found only in hidden files, as tables, with file index i renumbered
+        remap[i] (a hidden file's index, still the first of a unit found elsewhere too, maps to
+        what remap says for it). For compaction: whole-array operations, not a loop per key."""
+        items = self.trie.items()
+        keys = [key for key, _ in items]
+        ids = np.fromiter((key_id for _, key_id in items), dtype=np.int64, count=len(items))
+        hidden = np.zeros(max(1, len(remap)), dtype=bool)  # by file index
+        hidden[list(hidden_files)] = True
+        visible = ~_hidden(self.file_of.astype(np.int64), hidden)  # by key id
+        row = np.full(len(self.trie), -1, dtype=np.int64)  # key id -> row in the tables
+        shown = visible[ids]
+        row[ids[shown]] = np.arange(int(shown.sum()))
+        unit_owners = self.file_of.astype(np.int64)[ids[shown]]
+        stats = owner_stats(np.column_stack([self.counts.astype(np.int64)[ids[shown]], _renumbered(unit_owners, remap)]))
+        previous = row[np.repeat(np.arange(len(self.trie)), np.diff(self.follow_offsets.astype(np.int64)))]
+        lines = row[self.follow_ids.astype(np.int64)]
+        follow_owners = self.follow_file.astype(np.int64)
+        kept = (previous >= 0) & (lines >= 0) & ~_hidden(follow_owners, hidden)
+        follow_stats = owner_stats(np.column_stack([self.follow_counts.astype(np.int64)[kept],
+                                                    _renumbered(follow_owners[kept], remap)]))
+        return from_columns(list(compress(keys, shown.tolist())), stats, previous[kept], lines[kept], follow_stats)
 
     def save(self, directory: Path) -> dict:
         """Writes the data files; returns {name: {size, blake2b}} for the manifest."""

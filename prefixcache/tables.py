@@ -105,19 +105,24 @@ def merge(parts: list) -> Tables:
     return Tables(keys, stats, _follow_rows(previous, lines, follow_stats, len(keys)))
 
 
+def from_columns(keys: list, stats: np.ndarray, previous: np.ndarray, lines: np.ndarray, follow_stats: np.ndarray) -> Tables:
+    """Tables of distinct keys with their statistics, and follows as (previous, line) indices into keys."""
+    return Tables(keys, stats, _follow_rows(previous, lines, follow_stats, len(keys)))
+
+
 def from_entries(units: dict, follows: dict) -> Tables:
     """Tables of {unit: [count, owner]} and {(previous, line): [count, owner]} dicts (owners as in
     owners()); pairs with a line that is not a unit are dropped."""
     keys = list(units)
     index = dict(zip(keys, range(len(keys)), strict=True))
-    stats = _owner_stats(np.array(list(units.values()), dtype=np.int64).reshape(-1, 2))
+    stats = owner_stats(np.array(list(units.values()), dtype=np.int64).reshape(-1, 2))
     pairs = [(index.get(a, -1), index.get(b, -1), count, owner) for (a, b), (count, owner) in follows.items()]
     rows = np.array(pairs, dtype=np.int64).reshape(-1, 4)
     rows = rows[(rows[:, PREVIOUS] >= 0) & (rows[:, LINE] >= 0)]
-    return Tables(keys, stats, _follow_rows(rows[:, PREVIOUS], rows[:, LINE], _owner_stats(rows[:, 2:]), len(keys)))
+    return Tables(keys, stats, _follow_rows(rows[:, PREVIOUS], rows[:, LINE], owner_stats(rows[:, 2:]), len(keys)))
 
 
-def _owner_stats(count_owner: np.ndarray) -> np.ndarray:
+def owner_stats(count_owner: np.ndarray) -> np.ndarray:
     """(count, owner) rows -> (count, first, last) rows; a MULTI_FILE owner gets last = first + 1."""
     first = count_owner[:, 1] & ~MULTI_FILE
     multi = (count_owner[:, 1] & MULTI_FILE) != 0
