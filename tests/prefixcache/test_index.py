@@ -181,3 +181,19 @@ def test_parallel_build_equals_serial_build(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "CHUNK_OCCURRENCES", 50)
     chunked = build_tables(tmp_path, workers=2)
     assert chunked[0].entries() == serial[0].entries() and chunked[1:] == serial[1:]
+
+
+def test_compaction_keeps_what_proposals_saw(tmp_path):
+    """Folding the overlay (updated and removed files) into a new trie changes no proposal's text."""
+    (tmp_path / "a.py").write_text("import os\nroot = os.path.join(base, name)\nvalue = compute(root)\n")
+    (tmp_path / "b.py").write_text("import os\nroot = os.path.join(base, name)\nunique_b = only_here(1)\n")
+    (tmp_path / "c.py").write_text("gone_unit = removed_file(2)\nimport os\n")
+    idx = Index.build(tmp_path, workers=1)
+    idx.update("a.py", "import os\nroot = os.path.join(base, name)\nvalue = changed(root)\n")
+    idx.remove("c.py")
+    queries = ["root = os.p", "value = c", "unique_b = o", "gone_unit = r", "import os\n", "root = os.path.join(base, name)\n"]
+    before = [texts(idx.propose(q)) for q in queries]
+    idx.compact()
+    assert [texts(idx.propose(q)) for q in queries] == before
+    assert not any("emoved_file" in t for t in before[3]) and before[1] == ["hanged(root)"]
+    assert [f["path"] for f in idx.files] == ["b.py", "a.py"]
