@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import getitem
+from operator import attrgetter, getitem
 
 from prefixcache import grammars
 
@@ -20,6 +20,7 @@ MAX_UNIT_CHARS = 96  # longer continuations are left to the draft model
 MAX_LINE_BYTES = 1000  # lines longer than this are data or minified code, not units
 _OPEN, _CLOSE = b"([{", b")]}"
 _DOT_FIELD = re.compile(rb"\.\s*(?=[A-Za-z_$])")
+_START, _SPAN = attrgetter("start_point"), attrgetter("start_point", "end_point")
 
 
 @dataclass
@@ -79,12 +80,10 @@ def _line_units(lines, units: list, follow_at: list) -> None:
 
 def _tree_units(language, tree, lines, units: list) -> None:
     found = grammars.captures(language, tree.root_node)
-    opaque_rows = {n.start_point[0] for n in found.get("opaque", ()) if n.start_point[0] != n.end_point[0]}
-    starts = set()
-    for node in found.get("unit", ()):
-        row, col = node.start_point
-        if row not in opaque_rows:
-            starts.add((row, col))
+    starts = set(map(_START, found.get("unit", ())))  # one per (row, col): a chain's nodes share it
+    opaque_rows = {start[0] for start, end in map(_SPAN, found.get("opaque", ())) if start[0] != end[0]}
+    if opaque_rows:
+        starts = [start for start in starts if start[0] not in opaque_rows]
     for row, col in starts:
         line = lines[row]
         if len(line) > MAX_LINE_BYTES or col == 0 or not line[:col].strip():
