@@ -38,6 +38,9 @@ def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, w1_scale=None, w2
     if backend_for(x) == "triton":
         from kernels.triton_moe import fused_moe_triton
 
+        # The CPU model stores gate_up input-major (see Transformer._input_major_weights); the
+        # kernels read the checkpoint layout (a no-op on CUDA, a copy under the interpreter).
+        w_gate_up, w_down = w_gate_up.contiguous(), w_down.contiguous()
         return fused_moe_triton(x, w_gate_up, w_down, topk_weights, topk_ids,
                                 w1_scale=w1_scale, w2_scale=w2_scale, block_shape=block_shape)
     if w1_scale is not None:

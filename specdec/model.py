@@ -46,6 +46,11 @@ def rms_norm(x, weight, eps: float):
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def input_major(weight: torch.Tensor) -> torch.Tensor:
+    """weight [..., out, in] with the same values, stored as [..., in, out] (a transposed view)."""
+    return weight.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
 def rope_cos_sin(positions, head_dim: int, theta: float, dtype):
     """cos, sin [N, D] for rotate-half RoPE at the given positions."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
@@ -191,6 +196,25 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, Attention):
                 module.fuse()
+        if self.device.type == "cpu":
+            self._input_major_weights()
+
+    def _input_major_weights(self) -> None:
+        """On the CPU, the weights that widen (out > in) are stored input-major: MKL multiplies a
+        few rows by them up to 2x faster (measured on this project's machine, one row: lm_head
+        8192x256 426 instead of 957 us, an expert's gate_up 1024x256 65 instead of 103 us; the
+        narrowing down_proj is slightly slower that way and stays). Same values and shapes, other
+        strides; the Triton kernels (CUDA) keep the checkpoint layout."""
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module._qkv = (input_major(module._qkv[0]), module._qkv[1])
+            elif isinstance(module, SparseMoeBlock):
+                module.experts.gate_up_proj.data = input_major(module.experts.gate_up_proj.data)
+            elif isinstance(module, DenseMLP):
+                for linear in (module.gate_proj, module.up_proj):
+                    linear.weight.data = input_major(linear.weight.data)
+        # Tied to the embedding, whose row lookups want the checkpoint layout: a copy (8 MB here).
+        self._lm_head_weight = input_major(self.lm_head.weight.detach())
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -223,7 +247,9 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, segments)
         if logits_rows is not None:
             x = x[logits_rows]
-        return self.lm_head(self.model.norm(x)).float()
+        weight = getattr(self, "_lm_head_weight", None)
+        x = self.model.norm(x)
+        return (self.lm_head(x) if weight is None else F.linear(x, weight)).float()
 
     def logits(self, input_ids):
         """LongTensor [B, T] -> FloatTensor [B, T, vocab]; plain causal, no cache kept."""
