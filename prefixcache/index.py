@@ -6,15 +6,14 @@ import time
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
-import numpy as np
-
+from prefixcache import compaction
 from prefixcache import propose as proposer
 from prefixcache.build import build_tables, content_hash
 from prefixcache.extract import extract
 from prefixcache.files import list_files, read_source
 from prefixcache.overlay import Overlay
 from prefixcache.store import StaticIndex, read_manifest, write_index
-from prefixcache.tables import MULTI_FILE, from_entries, merge
+from prefixcache.tables import MULTI_FILE
 
 COMPACT_UNITS = 50_000  # overlay units beyond which update() folds the overlay into a new trie
 
@@ -28,6 +27,7 @@ class Index:
         self.summary = summary
         self.overlay = Overlay()
         self.lock = threading.RLock()  # the server updates while the scheduler proposes
+        self._compacting = threading.Lock()  # held by the one compaction running
         self._relative_paths = {}  # path as given -> relative path (absolute ones resolve symlinks once)
 
     # building, loading, saving ------------------------------------------------------------
@@ -90,8 +90,9 @@ class Index:
         with self.lock:
             self._tombstone(rel)
             self.overlay.add(rel, found)
-            if len(self.overlay) > COMPACT_UNITS:
-                self.compact()
+            grown = len(self.overlay) > COMPACT_UNITS
+        if grown:
+            self._compact_soon()
 
     def remove(self, path) -> None:
         rel = self.relative(path)
@@ -123,21 +124,31 @@ class Index:
         return {"changed": changed, "removed": len(removed), "unchanged": len(seen) - changed}
 
     def compact(self) -> None:
-        """Fold the overlay into a fresh static trie (a full rebuild of the trie, not of the sources)."""
-        keep = [i for i in range(len(self.files)) if i not in self.overlay.tombstones]
-        remap = np.zeros(max(1, len(self.files)), dtype=np.int64)  # a tombstoned file's index maps to 0
-        remap[keep] = np.arange(len(keep))
-        files = [self.files[i] for i in keep]
-        parts = [self.static.visible_tables(self.overlay.tombstones, remap)]
-        for rel, found in self.overlay.per_file.items():
-            files.append({"path": rel, "hash": "", "chars": 0, "parsed": found.parsed})
-            new_file = len(files) - 1
-            parts.append(from_entries({text: (count, new_file) for text, count in found.units.items()},
-                                      {pair: (count, new_file) for pair, count in found.follows.items()}))
-        self.static = StaticIndex.build(merge(parts))
-        self.files = files
-        self.file_index = {f["path"]: i for i, f in enumerate(files)}
-        self.overlay = Overlay()
+        """Fold the overlay into a fresh static trie (a full rebuild of the trie, not of the
+        sources). Proposals and updates go on while it builds (see compaction.py); a second
+        compaction waits for the first."""
+        with self._compacting:
+            self._compact()
+
+    def _compact_soon(self) -> None:
+        """Compact on a background thread, unless a compaction is running already."""
+        if self._compacting.acquire(blocking=False):
+            threading.Thread(target=self._compact_and_release, name="index-compaction", daemon=True).start()
+
+    def _compact_and_release(self) -> None:
+        try:
+            self._compact()
+        finally:
+            self._compacting.release()
+
+    def _compact(self) -> None:
+        with self.lock:
+            snap = compaction.snapshot(self.static, self.files, self.overlay)
+        static, files = compaction.fold(snap)
+        with self.lock:
+            self.overlay = compaction.carried_over(snap, self.overlay, files)
+            self.static, self.files = static, files
+            self.file_index = {f["path"]: i for i, f in enumerate(files)}
 
     # proposing ----------------------------------------------------------------------------
 

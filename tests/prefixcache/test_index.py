@@ -197,3 +197,53 @@ def test_compaction_keeps_what_proposals_saw(tmp_path):
     assert [texts(idx.propose(q)) for q in queries] == before
     assert not any("emoved_file" in t for t in before[3]) and before[1] == ["hanged(root)"]
     assert [f["path"] for f in idx.files] == ["b.py", "a.py"]
+
+
+def _three_files(tmp_path):
+    (tmp_path / "a.py").write_text("alpha = first_call(1)\nshared = common(x)\n")
+    (tmp_path / "b.py").write_text("beta = second_call(2)\nshared = common(x)\n")
+    (tmp_path / "d.py").write_text("delta = doomed_call(4)\n")
+    return Index.build(tmp_path, workers=1)
+
+
+def test_changes_made_while_compacting_are_kept(tmp_path, monkeypatch):
+    """The new static index is built without the index lock; updates and removals that land
+    meanwhile must survive the swap exactly as if no compaction had run."""
+    from prefixcache import compaction
+
+    operations = [("update", "b.py", "beta = changed_during(2)\n"), ("update", "a.py", "alpha = again_during(1)\n"),
+                  ("remove", "d.py", None), ("update", "e.py", "epsilon = brand_new(5)\n")]
+    idx, reference = _three_files(tmp_path), _three_files(tmp_path)
+    for index in (idx, reference):
+        index.update("a.py", "alpha = before_fold(1)\nshared = common(x)\n")
+    fold = compaction.fold
+
+    def fold_while_editing(snap):
+        folded = fold(snap)
+        for op, path, text in operations:  # a concurrent editor, between the snapshot and the swap
+            idx.update(path, text) if op == "update" else idx.remove(path)
+        return folded
+
+    monkeypatch.setattr(compaction, "fold", fold_while_editing)
+    idx.compact()
+    for op, path, text in operations:
+        reference.update(path, text) if op == "update" else reference.remove(path)
+    queries = ["alpha = ", "beta = ", "delta = d", "epsilon = b", "shared = c", "x = second_c", "y = doomed_c"]
+    assert [texts(idx.propose(q)) for q in queries] == [texts(reference.propose(q)) for q in queries]
+    assert texts(idx.propose("alpha = "))[0] == "again_during(1)" and texts(idx.propose("delta = d")) == []
+    assert set(idx.overlay.per_file) == {"a.py", "b.py", "e.py"}  # what changed after the snapshot
+
+
+def test_a_grown_overlay_compacts_on_a_background_thread(tmp_path, monkeypatch):
+    from prefixcache import compaction, index
+
+    idx = _three_files(tmp_path)
+    folds = []
+    fold = compaction.fold
+    monkeypatch.setattr(compaction, "fold", lambda snap: folds.append(1) or fold(snap))
+    monkeypatch.setattr(index, "COMPACT_UNITS", 3)
+    idx.update("e.py", "epsilon = brand_new(5)\nzeta = more_units(6)\n")
+    with idx._compacting:  # the background compaction has finished
+        pass
+    assert folds and not idx.overlay.per_file and "e.py" in [f["path"] for f in idx.files]
+    assert texts(idx.propose("zeta = m"))[0] == "ore_units(6)"
