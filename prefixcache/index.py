@@ -54,8 +54,9 @@ class Index:
     def save(self, directory) -> None:
         if len(self.overlay) or self.overlay.tombstones:
             self.compact()
-        manifest = {"root": str(self.root), "files": self.files, "summary": self.summary}
-        write_index(Path(directory), self.static, manifest)
+        with self.lock:  # one static index with its own files, even if a compaction swaps them next
+            static, files = self.static, self.files
+        write_index(Path(directory), static, {"root": str(self.root), "files": files, "summary": self.summary})
 
     # updating -----------------------------------------------------------------------------
 
