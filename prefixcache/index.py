@@ -114,12 +114,16 @@ class Index:
             if text is None:
                 continue
             seen.add(rel)
-            i = self.file_index.get(rel)
-            known = i is not None and i not in self.overlay.tombstones and self.files[i]["hash"] == content_hash(text)
-            if not known and rel not in self.overlay.per_file:
+            digest = content_hash(text)
+            with self.lock:  # file indices change when a background compaction swaps the index
+                i = self.file_index.get(rel)
+                known = i is not None and i not in self.overlay.tombstones and self.files[i]["hash"] == digest
+                known = known or rel in self.overlay.per_file
+            if not known:
                 self.update(rel, text)
                 changed += 1
-        removed = [f["path"] for f in self.files if f["path"] not in seen]
+        with self.lock:
+            removed = [f["path"] for f in self.files if f["path"] not in seen]
         for rel in removed:
             self.remove(rel)
         return {"changed": changed, "removed": len(removed), "unchanged": len(seen) - changed}
