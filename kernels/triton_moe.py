@@ -9,6 +9,8 @@ Weights may be fp32, fp16, bf16, or fp8 e4m3 with per-channel ([E, N]) or 128x12
 ([E, N/128, K/128]) scales, dequantised in the GEMM's inner loop.
 """
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -198,6 +200,32 @@ def _scale_args(scale, weight, block_shape):
     return scale, (scale.stride(0), scale.stride(1), scale.stride(2)), 2, block_shape[0]
 
 
+class GroupedLaunch(NamedTuple):
+    """What both grouped-GEMM launches of one MoE call share (fp and MXFP4 weights alike)."""
+
+    top_k: int
+    num_pairs: int
+    out_pairs: torch.Tensor  # [T*A, H]: one row per (token, slot), summed over slots at the end
+    cfg: dict
+    sorted_pairs: torch.Tensor
+    block_expert: torch.Tensor
+    h: torch.Tensor  # [padded pairs, I]: silu(gate) * up, the down GEMM's input
+
+
+def grouped_launch(x, topk_ids, num_experts: int, inter: int, weight_dtype) -> GroupedLaunch | None:
+    """Buffers, launch config and the expert-sorted (token, slot) pairs; None for no tokens."""
+    num_tokens, hidden = x.shape
+    if num_tokens == 0:
+        return None
+    top_k = topk_ids.shape[1]
+    num_pairs = num_tokens * top_k
+    out_pairs = torch.zeros(num_pairs, hidden, dtype=x.dtype, device=x.device)
+    cfg = launch_config(num_experts, inter, hidden, weight_dtype, x.device, num_tokens)
+    sorted_pairs, block_expert = align_by_expert(topk_ids, num_experts, cfg["BLOCK_M"])
+    h = torch.empty(sorted_pairs.numel(), inter, dtype=x.dtype, device=x.device)
+    return GroupedLaunch(top_k, num_pairs, out_pairs, cfg, sorted_pairs, block_expert, h)
+
+
 def fused_moe_triton(x, w_gate_up, w_down, topk_weights, topk_ids, *, w1_scale=None, w2_scale=None, block_shape=None):
     """x [T, H]; w_gate_up [E, 2I, H]; w_down [E, H, I]; topk_* [T, A] -> [T, H] in x's dtype."""
     assert x.ndim == 2 and x.is_contiguous(), "x must be contiguous [T, H]"
@@ -206,14 +234,10 @@ def fused_moe_triton(x, w_gate_up, w_down, topk_weights, topk_ids, *, w1_scale=N
     num_experts, two_inter, _ = w_gate_up.shape
     inter = two_inter // 2
     assert w_gate_up.shape[2] == hidden and w_down.shape == (num_experts, hidden, inter), "shape mismatch"
-    top_k = topk_ids.shape[1]
-    num_pairs = num_tokens * top_k
-    out_pairs = torch.zeros(num_pairs, hidden, dtype=x.dtype, device=x.device)
-    if num_tokens == 0:
-        return out_pairs.view(0, hidden)
-    cfg = launch_config(num_experts, inter, hidden, w_gate_up.dtype, x.device, num_tokens)
-    sorted_pairs, block_expert = align_by_expert(topk_ids, num_experts, cfg["BLOCK_M"])
-    h = torch.empty(sorted_pairs.numel(), inter, dtype=x.dtype, device=x.device)
+    launch = grouped_launch(x, topk_ids, num_experts, inter, w_gate_up.dtype)
+    if launch is None:
+        return x.new_zeros(0, hidden)
+    top_k, num_pairs, out_pairs, cfg, sorted_pairs, block_expert, h = launch
     dot_fp32 = x.dtype == torch.float32
     s1, s1_strides, mode1, block1 = _scale_args(w1_scale, w_gate_up, block_shape)
     grid = (block_expert.numel(), triton.cdiv(inter, cfg["BLOCK_N"]))

@@ -9,9 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.configs import launch_config
 from kernels.mxfp4 import GROUP
-from kernels.triton_moe import align_by_expert, block_pairs, store_silu_product, store_weighted
+from kernels.triton_moe import block_pairs, grouped_launch, store_silu_product, store_weighted
 
 
 @triton.jit
@@ -85,14 +84,10 @@ def fused_moe_mxfp4_triton(x, w1_packed, w1_scales, w2_packed, w2_scales, topk_w
     inter = two_inter // 2
     assert hidden % GROUP == 0 and inter % GROUP == 0, f"H and I must be multiples of {GROUP}"
     assert w1_packed.shape[2] * 2 == hidden and w2_packed.shape == (num_experts, hidden, inter // 2), "shape mismatch"
-    top_k = topk_ids.shape[1]
-    num_pairs = num_tokens * top_k
-    out_pairs = torch.zeros(num_pairs, hidden, dtype=x.dtype, device=x.device)
-    if num_tokens == 0:
-        return out_pairs.view(0, hidden)
-    cfg = launch_config(num_experts, inter, hidden, torch.uint8, x.device, num_tokens)
-    sorted_pairs, block_expert = align_by_expert(topk_ids, num_experts, cfg["BLOCK_M"])
-    h = torch.empty(sorted_pairs.numel(), inter, dtype=x.dtype, device=x.device)
+    grouped = grouped_launch(x, topk_ids, num_experts, inter, torch.uint8)
+    if grouped is None:
+        return x.new_zeros(0, hidden)
+    top_k, num_pairs, out_pairs, cfg, sorted_pairs, block_expert, h = grouped
     fmt, launch = _A_FORMATS[x.dtype], dict(num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2))
     block_n = cfg["BLOCK_N"]
     grid = (block_expert.numel(), triton.cdiv(inter, block_n))

@@ -34,7 +34,7 @@ def fold(snap: Snapshot) -> tuple[StaticIndex, list]:
     remap = np.zeros(max(1, len(snap.files)), dtype=np.int64)  # a tombstoned file's index maps to 0
     remap[keep] = np.arange(len(keep))
     files = [snap.files[i] for i in keep]
-    parts = [snap.static.visible_tables(set(snap.tombstones), remap)]
+    parts = [snap.static.visible_tables(snap.tombstones, remap)]
     for rel, found in snap.per_file.items():
         files.append({"path": rel, "hash": "", "chars": 0, "parsed": found.parsed})
         new_file = len(files) - 1

@@ -97,7 +97,7 @@ class StaticIndex:
         tiers = tuple(marisa_trie.Trie(list(compress(keys, (weights >= m).tolist()))) for m in TIER_MIN_COUNTS)
         return cls(trie, counts, file_of, offsets, follow_ids, follow_counts, follow_file, tiers)
 
-    def visible_tables(self, hidden_files: set, remap: np.ndarray) -> Tables:
+    def visible_tables(self, hidden_files, remap: np.ndarray) -> Tables:
         """The entries not found only in hidden files, as tables, with file index i renumbered
         remap[i] (a hidden file's index, still the first of a unit found elsewhere too, maps to
         what remap says for it). For compaction: whole-array operations, not a loop per key."""
@@ -106,11 +106,11 @@ class StaticIndex:
         ids = np.fromiter((key_id for _, key_id in items), dtype=np.int64, count=len(items))
         hidden = np.zeros(max(1, len(remap)), dtype=bool)  # by file index
         hidden[list(hidden_files)] = True
-        visible = ~_hidden(self.file_of.astype(np.int64), hidden)  # by key id
+        owners = self.file_of.astype(np.int64)  # by key id
         row = np.full(len(self.trie), -1, dtype=np.int64)  # key id -> row in the tables
-        shown = visible[ids]
+        shown = ~_hidden(owners, hidden)[ids]
         row[ids[shown]] = np.arange(int(shown.sum()))
-        unit_owners = self.file_of.astype(np.int64)[ids[shown]]
+        unit_owners = owners[ids[shown]]
         stats = owner_stats(np.column_stack([self.counts.astype(np.int64)[ids[shown]], _renumbered(unit_owners, remap)]))
         previous = row[np.repeat(np.arange(len(self.trie)), np.diff(self.follow_offsets.astype(np.int64)))]
         lines = row[self.follow_ids.astype(np.int64)]
