@@ -104,13 +104,13 @@ def mxfp4_case(name, shape, tokens, device) -> dict:
     p2, s2 = quantize_mxfp4(torch.randn(experts, hidden, inter, device=device) / inter**0.5)
     weights, ids = moe_route_torch(torch.randn(tokens, experts, device=device), top_k, True)
     d1, d2 = dequantize_mxfp4(p1, s1, dtype), dequantize_mxfp4(p2, s2, dtype)
-    os.environ["SPECDEC_KERNELS"] = "triton"
+    kernels.set_backend("triton")
     try:
         run = lambda: kernels.fused_moe(x, p1, p2, weights, ids, w1_scale=s1, w2_scale=s2)  # noqa: E731
         got = run()
         ours_ms = timed(run, device)
     finally:
-        os.environ.pop("SPECDEC_KERNELS", None)
+        kernels.set_backend("auto")
     ref = fused_moe_torch(x.float(), d1.float(), d2.float(), weights, ids)
     err = ((got.float() - ref).abs().max() / ref.abs().max()).item()
     torch_ms = timed(lambda: fused_moe_torch(x, d1, d2, weights, ids), device)

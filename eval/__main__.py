@@ -64,11 +64,11 @@ def _run(args, argv) -> int:
         baselines = HFBaselines(args.target or default_model_dir() / "target",
                                 args.draft or (default_model_dir() / "draft" if args.target is None else None))
     records = run_points(engine, index, points, strategies, args.max_tokens, args.seed, baselines=baselines)
-    results = {"repo": str(args.repo), "points": len(points), "seed": args.seed,
-               "target": str(engine.target.path), "draft": str(engine.draft.path if engine.draft else None),
+    results = {"repo": args.repo.resolve().name, "points": len(points), "seed": args.seed,
+               "target": _model_label(engine.target), "draft": _model_label(engine.draft),
                "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
                "adaptive": engine.adaptive,
-               "strategies": summarize(records), "expert_load": expert_load_summary(engine.target)}
+               "strategies": summarize(records), "expert_load": expert_load_summary(engine)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.out / "points.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items()}) + "\n"
@@ -95,6 +95,16 @@ def _compare(args) -> int:
             va, vb = sa["latency_ms"][q], sb["latency_ms"][q]
             print(f"{name:10} {'latency ' + q:16} {va:10.1f} {vb:10.1f} {vb - va:+10.1f}")
     return 0
+
+
+def _model_label(model) -> str | None:
+    """"embedded/<name>" for the shipped defaults, else the directory given (no machine paths in reports)."""
+    if model is None:
+        return None
+    from specdec import default_model_dir
+
+    path = Path(model.path).resolve()
+    return f"embedded/{path.name}" if path.parent == default_model_dir().resolve() else str(model.path)
 
 
 if __name__ == "__main__":

@@ -34,11 +34,11 @@ class HFBaselines:
         """Generate as many tokens as `ar` did for this point; timed the same way (whole request)."""
         from transformers import LogitsProcessorList
 
-        prompt = engine.prompts.build(point.prefix, point.suffix, path=point.path)
+        prompt = engine.prompt_for(point.prefix, point.suffix, path=point.path)
         ids = torch.tensor([prompt.ids])
         new_tokens = max(1, len(reference["tokens"]) + (reference["stop_reason"] == "eos"))
         processors = LogitsProcessorList([FirstTokenRestriction(ids.shape[1], prompt.allowed_first)])
-        eos = sorted(engine.prompts.stop_ids)
+        eos = sorted(engine.stop_token_ids)
         variants = {"hf-ar": {}, "hf-pld": {"prompt_lookup_num_tokens": 10}}
         if self.draft is not None:
             variants["hf-assist"] = {"assistant_model": self.draft}
@@ -49,9 +49,9 @@ class HFBaselines:
                 generated = self.target.generate(ids, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos,
                                                  pad_token_id=eos[0], logits_processor=processors, **extra)
             ms = (time.perf_counter() - start) * 1000
-            tokens = [t for t in generated[0, ids.shape[1]:].tolist() if t not in engine.prompts.stop_ids]
+            tokens = [t for t in generated[0, ids.shape[1]:].tolist() if t not in engine.stop_token_ids]
             tokens = tokens[: len(reference["tokens"])]
             out[name] = {**reference, "tokens": tokens, "ms": ms, "decode_ms": ms, "passes": 0,
                          "generated": len(tokens), "accepted_by_source": {},
-                         "text": reference["text"] if tokens == reference["tokens"] else engine.prompts.tokenizer.decode(tokens)}
+                         "text": reference["text"] if tokens == reference["tokens"] else engine.tokenizer.decode(tokens)}
         return out

@@ -4,6 +4,8 @@ import random
 import sys
 import time
 
+import torch
+
 from eval.metrics import edit_similarity, exact_match, median, percentile
 from eval.points import Point
 
@@ -19,7 +21,7 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
         records.update({name: [] for name in baselines.names})
     for point in points[:WARMUP_POINTS]:  # warm the caches and lazy measurements, untimed
         _complete(engine, index, point, "hybrid", max_tokens)
-    engine.target.reset_expert_load()
+    engine.reset_expert_load()
     for i, point in enumerate(points):
         prepare_point(index, point)
         _complete(engine, index, point, "hybrid", 0)  # prefill the prompt cache, like an editor's earlier keystrokes
@@ -52,9 +54,9 @@ def _complete(engine, index, point: Point, strategy: str, max_tokens: int):
 def _record(point: Point, result) -> dict:
     s = result.stats
     return {"path": point.path, "mode": point.mode, "text": result.text, "tokens": result.tokens,
-            "truth": point.truth, "ms": s["total_ms"], "decode_ms": s["decode_ms"], "passes": s["target_passes"],
-            "generated": s["generated_tokens"], "accepted_by_source": s["accepted_by_source"],
-            "prefill_tokens": s["prefill_tokens"], "stop_reason": s["stop_reason"]}
+            "truth": point.truth, "ms": s.total_ms, "decode_ms": s.decode_ms, "passes": s.target_passes,
+            "generated": s.generated_tokens, "accepted_by_source": dict(s.accepted_by_source),
+            "prefill_tokens": s.prefill_tokens, "stop_reason": s.stop_reason}
 
 
 def summarize(records: dict) -> dict:
@@ -100,8 +102,8 @@ def _by_mode(rows, reference) -> dict:
     return out
 
 
-def expert_load_summary(model) -> dict:
-    load = model.expert_load().float()
+def expert_load_summary(engine) -> dict:
+    load = torch.tensor(engine.metrics().expert_load, dtype=torch.float32)
     if load.numel() == 0:
         return {"max_over_mean_per_layer": [], "tokens_per_expert": []}
     ratio = (load.max(dim=1).values / load.mean(dim=1).clamp(min=1e-9)).tolist()

@@ -1,18 +1,18 @@
 """Kernels for the target model's hot operations, with one entry point per operation.
 
 Each function sends CUDA tensors to a Triton kernel and CPU tensors to its PyTorch reference;
-SPECDEC_KERNELS=triton|torch|auto overrides the choice (see dispatch.py).
+SPECDEC_KERNELS=triton|torch|auto overrides the choice, read once at load (see dispatch.py).
 """
 
 import torch
 
 from kernels.attention_torch import tree_attention_torch
-from kernels.dispatch import backend_for
+from kernels.dispatch import backend_for, configure_from_environment, set_backend
 from kernels.moe_torch import fused_moe_torch, moe_route_torch
 from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4, uses_dot_scaled
 
 __all__ = ["moe_route", "fused_moe", "tree_attention", "dequantize", "dequantize_mxfp4", "quantize_mxfp4",
-           "backend_for"]
+           "backend_for", "configure_from_environment", "set_backend"]
 
 
 def moe_route(router_logits, top_k: int, renormalize: bool):

@@ -37,9 +37,8 @@ TIER_MIN_COUNTS = (64, 8)  # frequent units again in small tries, so a prefix se
 DATA_FILES = ("units.marisa", "arrays.npz") + tuple(f"tier{i}.marisa" for i in range(len(TIER_MIN_COUNTS)))
 _ARRAYS = ("counts", "file_of", "follow_ids", "follow_counts", "follow_file")
 MAX_UNIQUE_UNIT_CHARS = 40
-# marisa's default is 3 nested tries. 2 on Lib/: build 0.18 s instead of 0.25, key lookups 0.20 s
-# instead of 0.25, prefix walks 1.2x faster, file 1.81 MB instead of 1.62 (1 level: 2.38 MB,
-# which would take the index past a quarter of the source bytes).
+# marisa's default is 3 nested tries; 2 build, look up and walk prefixes faster for a slightly
+# larger file (1 level would take the index past a quarter of the source bytes).
 UNIT_TRIE_LEVELS = 2
 
 
@@ -180,8 +179,8 @@ def _follow_arrays(trie_id: np.ndarray, tables: Tables, n: int):
 
 
 def _write_npz(path: Path, arrays: dict) -> None:
-    """np.savez_compressed at zlib level 1: a seventh of its time for a tenth more bytes
-    (CPython's Lib/: 34 ms and 0.81 MB against 239 ms and 0.75 MB); np.load reads either."""
+    """np.savez_compressed at zlib level 1: a small fraction of its time for a few more bytes
+    (bench/prefixcache_bench.py); np.load reads either."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
         for name, array in arrays.items():
             with archive.open(name + ".npy", "w", force_zip64=True) as member:

@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] && .venv/bin/python -c "import specdec, transformers" 2>/dev/null || ./scripts/setup.sh
 . .venv/bin/activate
 ruff check .
-python -m pytest -q
+python -m pytest  # addopts has -q; a second -q would hide the "N passed" line

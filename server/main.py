@@ -42,16 +42,14 @@ def create_app(settings: Settings, engine=None) -> FastAPI:
             from specdec import Engine
 
             state.engine = Engine.from_pretrained(settings.target, settings.draft)
-        state.engine.scheduler.max_queue = settings.max_queue
-        state.engine.scheduler.max_batch = settings.max_batch
-        _ = state.engine.verify_cost, state.engine.draft_min_prob
-        state.bridge = EngineBridge(state.engine, state.metrics)
+        state.engine.set_limits(max_batch=settings.max_batch, max_queue=settings.max_queue)
+        state.bridge = EngineBridge(state.engine, state.metrics)  # warms the engine up and starts its loop
         if settings.repo is not None and state.engine.index is None:
             threading.Thread(target=_build_index, args=(state,), daemon=True, name="index-build").start()
         elif state.engine.index is not None:
             state.index_status = {"state": "ready", "files": len(state.engine.index.files)}
         yield
-        state.engine.scheduler.stop()
+        state.engine.stop()
 
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.state.specdec = AppState(settings, engine)
@@ -129,13 +127,11 @@ def _authorized(scope, key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
-def serve(args) -> int:
-    """specdec serve: run uvicorn on the given host and port."""
+def serve(settings: Settings) -> int:
+    """specdec serve: run uvicorn on the settings' host and port."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = Settings.from_env(host=args.host, port=args.port, api_key=args.api_key, repo=args.repo,
-                                 target=args.target, draft=args.draft)
     if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
         log.warning("listening on %s without an API key: anyone who can reach it can use it", settings.host)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")

@@ -3,6 +3,8 @@
 import threading
 from collections import Counter
 
+from specdec import EngineMetrics, Stats
+
 LATENCY_BUCKETS_MS = (10, 25, 50, 100, 150, 200, 300, 500, 1000, 2500, 5000)
 
 
@@ -31,16 +33,18 @@ class Metrics:
             else:
                 self.latency["+Inf"] += 1
 
-    def observe_completion(self, stats: dict) -> None:
+    def observe_completion(self, stats: Stats) -> None:
         with self.lock:
-            self.generated += stats.get("generated_tokens", 0)
-            self.passes += stats.get("target_passes", 0)
-            self.cached_tokens += stats.get("cached_tokens", 0)
-            self.prefill_tokens += stats.get("prefill_tokens", 0)
-            for source, n in stats.get("accepted_by_source", {}).items():
+            self.generated += stats.generated_tokens
+            self.passes += stats.target_passes
+            self.cached_tokens += stats.cached_tokens
+            self.prefill_tokens += stats.prefill_tokens
+            for source, n in stats.accepted_by_source.items():
                 self.accepted[source] += n
 
-    def render(self, queue_depth: int, expert_load, prompt_cache: tuple[int, int] = (0, 0)) -> str:
+    def render(self, engine: EngineMetrics) -> str:
+        queue_depth, expert_load = engine.queue_depth, engine.expert_load
+        prompt_cache = (engine.prompt_cache_entries, engine.prompt_cache_bytes)
         with self.lock:
             lines = ["# TYPE specdec_requests_total counter"]
             for (endpoint, status), n in sorted(self.requests.items()):

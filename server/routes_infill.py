@@ -12,6 +12,8 @@ from server.schemas import infill_request
 router = APIRouter()
 STOP_TYPES = {"eos": "eos", "newline": "eos", "dedent": "eos", "suffix": "eos", "repeat": "eos", "limit": "limit", "time": "limit",
               "word": "word"}
+SPECULATION_FIELDS = ("target_passes", "generated_tokens", "tau", "accepted_by_source", "prefill_tokens",
+                      "cached_tokens", "prefill_ms", "decode_ms", "total_ms", "stop_reason")
 
 
 @router.post("/infill")
@@ -21,27 +23,26 @@ async def infill(request: Request, state: StateDep, body: BodyDep):
     if await request.is_disconnected():  # abandoned while queued in the server: skip the prompt work
         return Response(status_code=499)
     options = parsed["options"]
-    document = document_key(request.client.host if request.client else "-", options)
+    options = options.with_changes(document=document_key(request.client.host if request.client else "-", options))
     if parsed["stream"]:
-        return StreamingResponse(_stream(state, options, document, parsed["response_fields"]),
-                                 media_type="text/event-stream")
-    result = await state.bridge.run(options, document, request)
+        return StreamingResponse(_stream(state, options, parsed["response_fields"]), media_type="text/event-stream")
+    result = await state.bridge.run(options, request)
     return JSONResponse(select_fields(infill_body(result, state, options), parsed["response_fields"]))
 
 
-async def _stream(state, options, document, fields):
-    g, events = state.bridge.start(options, document)
+async def _stream(state, options, fields):
+    handle = state.bridge.start(options)
     sent = ""
     try:
-        async for delta in state.bridge.text_deltas(events):
+        async for delta in handle.deltas():
             yield _sse({"content": delta, "tokens": [], "stop": False})
             sent += delta
-        result = state.bridge.finish(g)
+        result = await state.bridge.finish(handle)
         final = infill_body(result, state, options)
         final["content"] = result.text[len(sent):] if result.text.startswith(sent) else result.text
         yield _sse(select_fields(final, fields))
     finally:
-        g.cancel()  # a closed stream (client gone) stops the generation at the next step
+        handle.cancel()  # a closed stream (client gone) stops the generation at the next step
 
 
 def _sse(payload: dict) -> str:
@@ -50,17 +51,17 @@ def _sse(payload: dict) -> str:
 
 def infill_body(result, state, options) -> dict:
     s = result.stats
-    prompt_ms, predicted_ms = s.get("prefill_ms", 0.0), s.get("decode_ms", 0.0)
-    prompt_n, predicted_n = s.get("prefill_tokens", 0), s.get("generated_tokens", 0)
-    reason = s.get("stop_reason", "none")
+    prompt_ms, predicted_ms = s.prefill_ms, s.decode_ms
+    prompt_n, predicted_n = s.prefill_tokens, s.generated_tokens
+    reason = s.stop_reason
     return {
         "content": result.text,
         "tokens": result.tokens,
         "stop": True,
         "stop_type": STOP_TYPES.get(reason, "none"),
-        "stopping_word": next((w for w in options.get("stop", ()) if reason == "word"), ""),
+        "stopping_word": s.stop_word,
         "model": state.settings.model_name,
-        "tokens_cached": s.get("cached_tokens", 0),
+        "tokens_cached": s.cached_tokens,
         "tokens_evaluated": prompt_n,
         "truncated": result.truncated,
         "timings": {
@@ -71,11 +72,9 @@ def infill_body(result, state, options) -> dict:
             "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
             "predicted_per_second": 1000 * predicted_n / predicted_ms if predicted_ms else 0.0,
         },
-        "generation_settings": {"n_predict": options["max_tokens"], "temperature": options["temperature"],
-                                "top_k": options["top_k"], "top_p": options["top_p"], "n_indent": options["n_indent"] or 0},
-        "speculation": {k: s.get(k) for k in ("target_passes", "generated_tokens", "tau", "accepted_by_source",
-                                                 "prefill_tokens", "cached_tokens", "prefill_ms", "decode_ms",
-                                                 "total_ms", "stop_reason")},
+        "generation_settings": {"n_predict": options.max_tokens, "temperature": options.temperature,
+                                "top_k": options.top_k, "top_p": options.top_p, "n_indent": options.n_indent or 0},
+        "speculation": {k: s[k] for k in SPECULATION_FIELDS},
     }
 
 

@@ -28,14 +28,14 @@ async def completions(request: Request, state: StateDep, body: BodyDep):
     if await request.is_disconnected():  # abandoned while queued in the server: skip the prompt work
         return Response(status_code=499)
     options, model = parsed["options"], parsed["model"]
-    document = document_key(request.client.host if request.client else "-", options)
+    options = options.with_changes(document=document_key(request.client.host if request.client else "-", options))
     meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
             "model": model}
     if parsed["stream"]:
-        return StreamingResponse(_stream(state, options, document, meta), media_type="text/event-stream")
-    result = await state.bridge.run(options, document, request)
+        return StreamingResponse(_stream(state, options, meta), media_type="text/event-stream")
+    result = await state.bridge.run(options, request)
     return JSONResponse({**meta, "choices": [_choice(result.text, _finish_reason(result))],
-                         "usage": _usage(result), "speculation": result.stats})
+                         "usage": _usage(result), "speculation": result.stats.as_dict()})
 
 
 def _choice(text: str, finish_reason):
@@ -43,27 +43,27 @@ def _choice(text: str, finish_reason):
 
 
 def _finish_reason(result) -> str:
-    return "length" if result.stats.get("stop_reason") == "limit" else "stop"
+    return "length" if result.stats.stop_reason == "limit" else "stop"
 
 
 def _usage(result) -> dict:
-    prompt = result.stats.get("prefill_tokens", 0) + result.stats.get("cached_tokens", 0)
-    completion = result.stats.get("generated_tokens", 0)
+    prompt = result.stats.prefill_tokens + result.stats.cached_tokens
+    completion = result.stats.generated_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _stream(state, options, document, meta):
+async def _stream(state, options, meta):
     """SSE: `data: {json}` events, then `data: [DONE]`; no comment lines (Continue stops at them)."""
-    g, events = state.bridge.start(options, document)
+    handle = state.bridge.start(options)
     sent = ""
     try:
-        async for delta in state.bridge.text_deltas(events):
+        async for delta in handle.deltas():
             yield f"data: {json.dumps({**meta, 'choices': [_choice(delta, None)]})}\n\n"
             sent += delta
-        result = state.bridge.finish(g)
+        result = await state.bridge.finish(handle)
         rest = result.text[len(sent):] if result.text.startswith(sent) else ""
         final = {**meta, "choices": [_choice(rest, _finish_reason(result))], "usage": _usage(result)}
         yield f"data: {json.dumps(final)}\n\n"
         yield "data: [DONE]\n\n"
     finally:
-        g.cancel()
+        handle.cancel()

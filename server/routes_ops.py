@@ -12,12 +12,11 @@ router = APIRouter()
 async def health(state: StateDep):
     """Liveness, and the state of the repository index."""
     return {"status": "ok", "model": state.settings.model_name, "index": dict(state.index_status),
-            "queue_depth": state.engine.scheduler.queue_depth()}
+            "queue_depth": state.engine.metrics().queue_depth}
 
 
 @router.get("/metrics")
 async def metrics(state: StateDep):
     """Prometheus text format."""
-    load = state.engine.target.expert_load().tolist()
-    text = state.metrics.render(state.engine.scheduler.queue_depth(), load, state.engine.prompt_cache.nbytes())
+    text = state.metrics.render(state.engine.metrics())
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

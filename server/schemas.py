@@ -4,6 +4,14 @@ import json
 
 from server.errors import ApiError
 from server.settings import Settings
+from specdec import CompletionOptions, OptionsError
+
+
+def _options(**fields) -> CompletionOptions:
+    try:
+        return CompletionOptions(**fields)
+    except OptionsError as err:
+        raise ApiError(400, str(err)) from None
 
 
 def parse_json(raw: bytes) -> dict:
@@ -84,7 +92,7 @@ def _sampling(body, default_temperature: float, samplers_gate: bool):
 
 
 def infill_request(body: dict, settings: Settings) -> dict:
-    """llama.cpp /infill -> keyword arguments for the engine, plus response options."""
+    """llama.cpp /infill -> the engine's CompletionOptions, plus response options."""
     prompt = _text(body, "prompt", settings.max_prompt_chars)
     prefix = _text(body, "input_prefix", settings.max_prompt_chars) + prompt
     if len(prefix) > settings.max_prompt_chars:
@@ -97,7 +105,7 @@ def infill_request(body: dict, settings: Settings) -> dict:
     fields = body.get("response_fields")
     if fields is not None and (not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)):
         raise ApiError(400, "'response_fields' must be a list of strings", "response_fields")
-    options = dict(
+    options = _options(
         prefix=prefix, suffix=_text(body, "input_suffix", settings.max_suffix_chars), extra=extra,
         max_tokens=_tokens(body, "n_predict", 128, settings), n_indent=n_indent or None, stop=_stop_list(body),
         time_budget_ms=t_max, time_budget_after_newline=True,
@@ -126,7 +134,7 @@ def _extra(body, settings: Settings):
 
 
 def completions_request(body: dict, settings: Settings) -> dict:
-    """OpenAI /v1/completions -> keyword arguments for the engine, plus response options."""
+    """OpenAI /v1/completions -> the engine's CompletionOptions, plus response options."""
     prompt = body.get("prompt", "")
     if isinstance(prompt, list):
         if len(prompt) != 1 or not isinstance(prompt[0], str):
@@ -145,7 +153,7 @@ def completions_request(body: dict, settings: Settings) -> dict:
     if len(suffix) > settings.max_suffix_chars:
         raise ApiError(413, f"'suffix' has {len(suffix)} characters; the limit is {settings.max_suffix_chars}", "suffix")
     model = _get(body, "model", (str,), settings.model_name, none_ok=True)
-    options = dict(prefix=prompt, suffix=suffix, max_tokens=_tokens(body, "max_tokens", 16, settings),
-                   stop=_stop_list(body), seed=_get(body, "seed", (int,), 0, none_ok=True),
-                   **_sampling(body, 0.0, False))
+    options = _options(prefix=prompt, suffix=suffix, max_tokens=_tokens(body, "max_tokens", 16, settings),
+                       stop=_stop_list(body), seed=_get(body, "seed", (int,), 0, none_ok=True),
+                       **_sampling(body, 0.0, False))
     return {"options": options, "stream": _get(body, "stream", (bool,), False, none_ok=True), "model": model}

@@ -1,11 +1,21 @@
-"""specdec: speculative decoding of code completions with an MoE target, a draft and a prefix cache."""
+"""specdec: speculative decoding of code completions with an MoE target, a draft and a prefix cache.
+
+What the server, the evaluation and users may rely on is exported here; see docs/architecture.md.
+"""
 
 from specdec.config import ConfigError, ModelConfig
-from specdec.engine import Engine, default_model_dir
-from specdec.generation import STRATEGIES, CompletionRequest, Result
+from specdec.engine import Engine, EngineMetrics, default_model_dir
+from specdec.generation import IllegalTransition, Result, State
+from specdec.handle import CompletionHandle
 from specdec.loader import CheckpointError, load_model
 from specdec.model import Segment, Transformer
-from specdec.scheduler import QueueFull
+from specdec.options import MODES, STRATEGIES, CompletionOptions, OptionsError
+from specdec.scheduler import FinishedRecord, QueueFull
+from specdec.stats import Stats
 
-__all__ = ["load_model", "Engine", "default_model_dir", "ModelConfig", "Transformer", "Segment", "ConfigError",
-           "CheckpointError", "CompletionRequest", "Result", "STRATEGIES", "QueueFull"]
+CompletionRequest = CompletionOptions  # the name before the options were one validated carrier
+
+__all__ = ["load_model", "Engine", "EngineMetrics", "default_model_dir", "ModelConfig", "Transformer", "Segment",
+           "ConfigError", "CheckpointError", "CompletionOptions", "CompletionRequest", "OptionsError",
+           "CompletionHandle", "Result", "Stats", "State", "IllegalTransition", "FinishedRecord", "STRATEGIES",
+           "MODES", "QueueFull"]

@@ -61,14 +61,14 @@ def min_useful_prob(cost: VerifyCost) -> float:
 
 
 def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int, force: bool = False) -> None:
-    """Insert nodes of `paths` [(source, tokens, probs)] best-first while they pay for themselves
+    """Insert nodes of `paths` (DraftPaths) best-first while they pay for themselves
     (force: until the node budget is spent)."""
-    heap = [(-probs[0], i, 0) for i, (_, tokens, probs) in enumerate(paths) if tokens]
+    heap = [(-path.probs[0], i, 0) for i, path in enumerate(paths) if path.tokens]
     heapq.heapify(heap)
     expected = 0.0
     while heap and len(tree) < max_nodes:
         neg_p, i, depth = heapq.heappop(heap)
-        source, tokens, probs = paths[i]
+        source, tokens, probs = paths[i].source, paths[i].tokens, paths[i].probs
         n = len(tree)
         gain_rate = -neg_p / max(1e-6, cost(n + 1) - cost(n))
         if gain_rate < (expected + 1.0) / cost(n) and not force:

@@ -1,13 +1,30 @@
-"""specdec complete FILE --line L --col C [...] | specdec serve [...]"""
+"""specdec complete FILE --line L --col C [...]; other subcommands (serve) come from their packages.
+
+Packages above the engine register subcommands as entry points in the group "specdec.commands":
+an object with `name`, `help`, `add_arguments(parser)` and `run(args) -> exit status`. So the
+CLI reaches the server without importing upward.
+"""
 
 import argparse
 import json
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from specdec.config import ConfigError
-from specdec.generation import STRATEGIES
 from specdec.loader import CheckpointError
+from specdec.options import MODES, STRATEGIES, CompletionOptions
+
+COMMAND_GROUP = "specdec.commands"
+
+
+def registered_commands() -> dict:
+    """{name: command} of the installed subcommand entry points."""
+    commands = {}
+    for point in entry_points(group=COMMAND_GROUP):
+        command = point.load()
+        commands[command.name] = command
+    return commands
 
 
 def main(argv=None) -> int:
@@ -20,22 +37,18 @@ def main(argv=None) -> int:
     c.add_argument("--repo", type=Path, help="repository to index into the prefix cache")
     c.add_argument("--index", type=Path, help="a saved prefix-cache index (instead of --repo)")
     c.add_argument("--strategy", choices=STRATEGIES, default="hybrid")
-    c.add_argument("--mode", choices=("auto", "single", "multi"), default="auto")
+    c.add_argument("--mode", choices=MODES, default="auto")
     c.add_argument("--max-tokens", type=int, default=64)
     c.add_argument("--temperature", type=float, default=0.0)
     c.add_argument("--target", type=Path)
     c.add_argument("--draft", type=Path)
     c.add_argument("--json", action="store_true", help="print text and statistics as JSON")
-    s = sub.add_parser("serve", help="run the completion server")
-    s.add_argument("--repo", type=Path)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8012)
-    s.add_argument("--api-key", default=None)
-    s.add_argument("--target", type=Path)
-    s.add_argument("--draft", type=Path)
+    commands = registered_commands()
+    for name, command in sorted(commands.items()):
+        command.add_arguments(sub.add_parser(name, help=command.help))
     args = parser.parse_args(argv)
     try:
-        return _complete(args) if args.command == "complete" else _serve(args)
+        return _complete(args) if args.command == "complete" else commands[args.command].run(args)
     except (ConfigError, CheckpointError, ValueError, OSError) as err:
         print(f"specdec: error: {err}", file=sys.stderr)
         return 2
@@ -72,24 +85,17 @@ def _complete(args) -> int:
             engine.index.update(path, prefix)  # the index must not see the text after the cursor
         except ValueError:
             path = None
-    result = engine.complete(prefix, suffix, max_tokens=args.max_tokens, temperature=args.temperature,
-                             strategy=args.strategy, mode=args.mode, path=path)
+    options = CompletionOptions(prefix, suffix, max_tokens=args.max_tokens, temperature=args.temperature,
+                                strategy=args.strategy, mode=args.mode, path=path)
+    result = engine.submit(options).result()
     if args.json:
-        print(json.dumps({"text": result.text, "tokens": result.tokens, "stats": result.stats}))
+        print(json.dumps({"text": result.text, "tokens": result.tokens, "stats": result.stats.as_dict()}))
     else:
         print(result.text)
         s = result.stats
-        print(f"[{s['generated_tokens']} tokens, {s['target_passes']} target passes, tau {s['tau']:.2f}, "
-              f"{s['total_ms']:.0f} ms, stop: {s['stop_reason']}]", file=sys.stderr)
+        print(f"[{s.generated_tokens} tokens, {s.target_passes} target passes, tau {s.tau:.2f}, "
+              f"{s.total_ms:.0f} ms, stop: {s.stop_reason}]", file=sys.stderr)
     return 0
-
-
-def _serve(args) -> int:
-    try:
-        from server.main import serve
-    except ImportError as err:
-        raise ValueError(f"the server is not available in this build ({err})") from None
-    return serve(args)
 
 
 if __name__ == "__main__":

@@ -1,48 +1,25 @@
 """Where speculated tokens come from: the prefix cache, the draft model, and n-gram lookup.
 
-Every source returns paths [(source, tokens, probs)] rooted after the last committed token;
-probs[i] estimates the chance that the target accepts the path up to token i.
+Every source returns DraftPaths rooted after the last committed token.
 """
+
+from typing import NamedTuple
 
 import torch
 
 from specdec.model import Segment
 
 
-class AcceptanceStats:
-    """Running estimates of how often each source's tokens are accepted, to price tree nodes."""
+class DraftPath(NamedTuple):
+    """Speculated tokens rooted after the last committed token, from one source."""
 
-    def __init__(self):
-        self.first = {"trie": 0.5, "ngram": 0.4}  # P(first token accepted)
-        self.next = {"trie": 0.8, "ngram": 0.6}  # P(next token accepted | previous accepted)
-        self.draft_scale = 0.9  # the draft's own probability, scaled by how calibrated it proved
-
-    def update_draft(self, predicted: float, accepted: int, rate=0.05) -> None:
-        """Calibrate the draft's probabilities: accepted draft tokens against their predicted sum."""
-        if predicted > 0:
-            ratio = min(1.5, accepted / predicted)
-            self.draft_scale += rate * (ratio * self.draft_scale - self.draft_scale)
-            self.draft_scale = min(1.0, max(0.05, self.draft_scale))
-
-    def update(self, source: str, proposed_depth: int, accepted_depth: int, rate=0.05) -> None:
-        if source not in self.first or proposed_depth == 0:
-            return
-        self.first[source] += rate * ((accepted_depth > 0) - self.first[source])
-        if accepted_depth > 0 and proposed_depth > 1:
-            tried = min(proposed_depth - 1, accepted_depth)
-            got = accepted_depth - 1
-            self.next[source] += rate * (got / max(1, tried) - self.next[source])
-
-    def chain_probs(self, source: str, length: int, rank: int) -> list[float]:
-        p = self.first[source] / (1 + rank)
-        out = []
-        for _ in range(length):
-            out.append(p)
-            p *= self.next[source]
-        return out
+    source: str  # "trie", "draft" or "ngram": who proposed them (acceptance is counted per source)
+    tokens: list  # token ids
+    probs: list  # probs[i]: the estimated chance that the target accepts the path up to tokens[i]
 
 
-def trie_paths(index, text_before_cursor: str, path, encode, healed: str, stats: AcceptanceStats, k: int = 6, max_tokens: int = 24):
+def trie_paths(index, text_before_cursor: str, path, encode, healed: str, stats, k: int = 6,
+               max_tokens: int = 24) -> list[DraftPath]:
     """Candidates of the prefix cache, tokenized to continue the committed tokens.
 
     While token healing is pending (nothing generated yet), the candidate is tokenized together
@@ -58,11 +35,12 @@ def trie_paths(index, text_before_cursor: str, path, encode, healed: str, stats:
     for rank, cand in enumerate(candidates):
         tokens = encode(healed + cand.text)[:max_tokens]
         if tokens:
-            paths.append(("trie", tokens, stats.chain_probs("trie", len(tokens), rank)))
+            paths.append(DraftPath("trie", tokens, stats.chain_probs("trie", len(tokens), rank)))
     return paths
 
 
-def ngram_paths(sequence: list[int], stats: AcceptanceStats, max_ngram: int = 4, max_tokens: int = 12, matches: int = 3):
+def ngram_paths(sequence: list[int], stats, max_ngram: int = 4, max_tokens: int = 12,
+                matches: int = 3) -> list[DraftPath]:
     """Prompt lookup: continuations of the latest n-gram's earlier occurrences in the sequence."""
     paths, seen = [], set()
     for n in range(min(max_ngram, len(sequence) - 1), 0, -1):
@@ -72,7 +50,7 @@ def ngram_paths(sequence: list[int], stats: AcceptanceStats, max_ngram: int = 4,
                 follow = tuple(sequence[start + n : start + n + max_tokens])
                 if follow and follow not in seen:
                     seen.add(follow)
-                    paths.append(("ngram", list(follow), stats.chain_probs("ngram", len(follow), len(paths))))
+                    paths.append(DraftPath("ngram", list(follow), stats.chain_probs("ngram", len(follow), len(paths))))
                     if len(paths) >= matches:
                         return paths
         if paths:

@@ -1,17 +1,26 @@
-"""Engine: the models, the prefix cache, the prompt cache and the scheduler behind one complete() call."""
+"""Engine: the models, the prefix cache, the prompt cache and the scheduler behind one request path.
+
+    handle = engine.submit(CompletionOptions(prefix, suffix, ...))   # any thread
+    handle.result() | await handle.wait() | async for delta in handle.deltas()
+    engine.complete(prefix, suffix, **options) == engine.submit(CompletionOptions(...)).result()
+
+The server and the evaluation use only this class's public methods and what specdec exports.
+"""
 
 import json
 import logging
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+import kernels
 from specdec.budget import VerifyCost
-from specdec.drafting import AcceptanceStats
 from specdec.fim import PromptBuilder
-from specdec.generation import CompletionRequest, Generation, Result
+from specdec.generation import Generation
+from specdec.handle import CompletionHandle
 from specdec.loader import load_model
+from specdec.options import CompletionOptions
+from specdec.policy import PolicyBook
 from specdec.prompt_cache import PromptCache
 from specdec.scheduler import Scheduler
 
@@ -23,52 +32,42 @@ def default_model_dir() -> Path:
     return Path(__file__).resolve().parent / "default_models"
 
 
+@dataclass(frozen=True)
+class EngineMetrics:
+    """A snapshot of what the engine holds, for /metrics, /health and evaluators."""
+
+    queue_depth: int  # waiting + prefilling + decoding requests
+    expert_load: list  # [MoE layer][expert] tokens routed since the last reset
+    prompt_cache_entries: int
+    prompt_cache_bytes: int
+    documents: int  # documents with their own acceptance statistics
+    recent: tuple  # FinishedRecords of the latest finished requests, oldest first
+
+
 class Engine:
     def __init__(self, target, draft=None, index=None, *, max_tree_nodes: int = 64, draft_depth: int = 8,
-                 adaptive: bool = True):
+                 adaptive: bool = True, warm_up: bool = True):
         """adaptive=False always speculates with every node the sources offer (up to the budget):
-        for tests and measurements of speculation itself; True decides by measured speed."""
+        for tests and measurements of speculation itself; True decides by measured speed.
+        warm_up=False defers the hardware measurements to an explicit warm_up() call."""
         if target.tokenizer is None:
             raise ValueError(f"{target.path}: the target model has no tokenizer.json")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise ValueError("draft and target vocabularies differ; the draft must share the target's tokenizer")
+        kernels.configure_from_environment()
         self.target, self.draft, self.index = target, draft, index
         fim_mode = target.config.raw.get("fim_mode", "spm")
         self.prompts = PromptBuilder(target.tokenizer, fim_mode, min(1536, target.config.max_position_embeddings - 256))
         self.prompt_cache = PromptCache()
-        self.acceptance = AcceptanceStats()
+        self.policies = PolicyBook()
         self.max_tree_nodes, self.draft_depth = max_tree_nodes, draft_depth
-        self.scheduler = Scheduler(self)
-        self._verify_cost = None
-        self._draft_min_prob = None
-        self.lock = threading.Lock()
-        # Milliseconds per generated token of speculative and of plain steps, per strategy (EMA):
-        # speculation is used only where it is measured to be faster (it rarely is with a
-        # draft the target disagrees with, or where verifying a tree wakes many more experts).
-        self.step_speed = {}
-        self._decisions = 0
         self.adaptive = adaptive
-
-    EXPLORE_EVERY = 8  # one step in this many tries the slower kind, so the estimate stays current
-
-    def should_speculate(self, strategy: str) -> bool:
-        if not self.adaptive:
-            return True
-        speeds = self.step_speed.get(strategy, {})
-        spec, plain = speeds.get("spec"), speeds.get("plain")
-        if spec is None or plain is None:
-            return spec is None
-        self._decisions += 1
-        faster = spec < plain
-        return faster if self._decisions % self.EXPLORE_EVERY else not faster
-
-    def record_step(self, strategy: str, speculative: bool, millis: float, tokens: int, rate: float = 0.1) -> None:
-        if tokens <= 0:
-            return
-        speeds = self.step_speed.setdefault(strategy, {})
-        kind = "spec" if speculative else "plain"
-        value = millis / tokens
-        speeds[kind] = value if kind not in speeds else speeds[kind] + rate * (value - speeds[kind])
+        self.scheduler = Scheduler(self)
+        self.lock = threading.Lock()  # one inline driver of the scheduler at a time
+        self.verify_cost: VerifyCost | None = None
+        self.draft_min_prob: float | None = None
+        if warm_up:
+            self.warm_up()
 
     @classmethod
     def from_pretrained(cls, target=None, draft=None, index=None, **kwargs) -> "Engine":
@@ -83,44 +82,79 @@ class Engine:
             index = Index.load(index)
         return cls(target_model, draft_model, index, **kwargs)
 
-    # hardware-sized budgets, measured once -------------------------------------------------
+    # hardware-sized budgets, measured once --------------------------------------------------
 
-    @property
-    def verify_cost(self) -> VerifyCost:
-        if self._verify_cost is None:
-            self._verify_cost = VerifyCost.measure(self.target)
-            log.info("verify cost (ms) by tree size: %s",
-                     json.dumps(dict(zip(self._verify_cost.sizes, [round(m, 2) for m in self._verify_cost.millis], strict=True))))
-        return self._verify_cost
-
-    @property
-    def draft_min_prob(self) -> float:
-        """Draft while a token's acceptance chance pays for its draft forward."""
-        if self._draft_min_prob is None:
+    def warm_up(self) -> None:
+        """Measure the target's verify cost by tree size and the draft's relative cost (about 30
+        forwards), before any request is timed. Idempotent."""
+        if self.verify_cost is None:
+            self.verify_cost = VerifyCost.measure(self.target)
+            log.info("verify cost (ms) by tree size: %s", json.dumps(self.verify_costs()))
+        if self.draft_min_prob is None:
             ratio = 0.1
             if self.draft is not None:
                 ratio = VerifyCost.measure(self.draft, repeats=3)(1) / self.verify_cost(1)
-            self._draft_min_prob = min(0.5, max(0.05, ratio))
-        return self._draft_min_prob
+            # Draft while a token's acceptance chance pays for its draft forward.
+            self.draft_min_prob = min(0.5, max(0.05, ratio))
+
+    def verify_costs(self) -> dict:
+        """{tree tokens: ms} of one target forward, as measured on this device."""
+        self.warm_up()
+        return {n: round(ms, 3) for n, ms in zip(self.verify_cost.sizes, self.verify_cost.millis, strict=True)}
+
+    def set_limits(self, max_batch: int | None = None, max_queue: int | None = None) -> None:
+        """Requests stepped together, and requests allowed to wait (beyond it: QueueFull)."""
+        if max_batch is not None:
+            self.scheduler.max_batch = max_batch
+        if max_queue is not None:
+            self.scheduler.max_queue = max_queue
+
+    def policies_for(self, document: str | None):
+        """(the document's SpeculationPolicy, the global prior); the same object twice for None."""
+        return self.policies.for_document(document), self.policies.prior
 
     # completing ---------------------------------------------------------------------------
 
-    def generation(self, prefix: str, suffix: str = "", **options) -> Generation:
-        return Generation(self, CompletionRequest(prefix, suffix, **options))
+    def submit(self, options: CompletionOptions) -> CompletionHandle:
+        """Queue one completion; raises QueueFull when too many wait."""
+        self.warm_up()
+        if options.path is not None and self.index is not None:
+            options = options.with_changes(path=self.index.relative(options.path))
+        generation = Generation(self, options)
+        self.scheduler.submit(generation)
+        return CompletionHandle(self, generation)
 
-    def complete(self, prefix: str, suffix: str = "", *, max_tokens: int = 64, temperature: float = 0.0,
-                 strategy: str = "hybrid", mode: str = "auto", path=None, extra=(), **options) -> Result:
-        if path is not None and self.index is not None:
-            path = self.index.relative(path)
-        _ = self.verify_cost, self.draft_min_prob  # measured once, before any request is timed
-        g = self.generation(prefix, suffix, max_tokens=max_tokens, temperature=temperature, strategy=strategy,
-                            mode=mode, path=path, extra=tuple(extra), **options)
-        if self.scheduler.thread is not None:
-            self.scheduler.submit(g)
-            g.finished.wait()
-        else:
-            with self.lock, torch.inference_mode():
-                self.scheduler.run_until_done([g])
-        if getattr(g, "error", None) is not None:
-            raise g.error
-        return g.result()
+    def complete(self, prefix: str, suffix: str = "", **options):
+        """One completion, start to end: submit(CompletionOptions(prefix, suffix, **options)).result()."""
+        return self.submit(CompletionOptions(prefix, suffix, **options)).result()
+
+    def start(self) -> None:
+        """Step requests on a background thread (a server); without it, result() steps inline."""
+        self.warm_up()
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+
+    # what callers may read ----------------------------------------------------------------
+
+    def metrics(self) -> EngineMetrics:
+        entries, nbytes = self.prompt_cache.nbytes()
+        return EngineMetrics(self.scheduler.queue_depth(), self.target.expert_load().tolist(), entries, nbytes,
+                             len(self.policies), tuple(self.scheduler.recent))
+
+    def reset_expert_load(self) -> None:
+        self.target.reset_expert_load()
+
+    def prompt_for(self, prefix: str, suffix: str = "", path: str | None = None):
+        """The Prompt (ids, healing, truncation) this engine would prefill for a cursor."""
+        return self.prompts.build(prefix, suffix, path=path)
+
+    @property
+    def tokenizer(self):
+        return self.prompts.tokenizer
+
+    @property
+    def stop_token_ids(self) -> frozenset:
+        """Tokens that end a completion (end of text and the FIM and file separators)."""
+        return frozenset(self.prompts.stop_ids)

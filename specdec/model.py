@@ -39,7 +39,7 @@ class RMSNorm(nn.Module):
 
 def rms_norm(x, weight, eps: float):
     # Normalised in fp32 as the reference implementations do, so that bf16/fp16 agree with
-    # them. (F.rms_norm is one op but measured 3x slower than these five on small CPU rows.)
+    # them. (F.rms_norm is one op, but slower than these five on the few rows of a CPU decode step.)
     if x.dtype == torch.float32:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
     x32 = x.float()
@@ -201,10 +201,9 @@ class Transformer(nn.Module):
 
     def _input_major_weights(self) -> None:
         """On the CPU, the weights that widen (out > in) are stored input-major: MKL multiplies a
-        few rows by them up to 2x faster (measured on this project's machine, one row: lm_head
-        8192x256 426 instead of 957 us, an expert's gate_up 1024x256 65 instead of 103 us; the
-        narrowing down_proj is slightly slower that way and stays). Same values and shapes, other
-        strides; the Triton kernels (CUDA) keep the checkpoint layout."""
+        few rows by them faster that way (the narrowing down_proj is slower that way, and stays;
+        bench/bench_decode.py measures both). Same values and shapes, other strides; the Triton
+        kernels (CUDA) keep the checkpoint layout."""
         for module in self.modules():
             if isinstance(module, Attention):
                 module._qkv = (input_major(module._qkv[0]), module._qkv[1])
@@ -213,7 +212,7 @@ class Transformer(nn.Module):
             elif isinstance(module, DenseMLP):
                 for linear in (module.gate_proj, module.up_proj):
                     linear.weight.data = input_major(linear.weight.data)
-        # Tied to the embedding, whose row lookups want the checkpoint layout: a copy (8 MB here).
+        # Tied to the embedding, whose row lookups want the checkpoint layout: a copy of it.
         self._lm_head_weight = input_major(self.lm_head.weight.detach())
 
     def tie_weights(self) -> None:

@@ -1,19 +1,27 @@
-"""Scheduler: steps every active request in one loop, batching their verify passes.
+"""Scheduler: steps every live generation in one loop, batching their verify passes.
 
-Each iteration drops finished and cancelled requests, admits waiting ones (prompt-cache
-lookup), runs one batched forward over the next chunks of the prompts being prefilled (within
-a token budget), asks every active request for its token tree, runs ONE target forward over
-all trees (a segment per request), and commits each request's accepted tokens. Requests are cancelled between steps; a request for
-a document supersedes the older request for it still running. The loop runs inline (for
-Engine.complete) or on a background thread (for the server).
+Each iteration finishes cancelled generations and reaps the finished ones, admits waiting ones
+(prompt-cache lookup), runs one batched forward over the next chunks of the prompts being
+prefilled (within a token budget) and the token trees of the decoding ones (a segment per
+request), and commits each request's accepted tokens. A request for a document supersedes the
+older request for it still live. The loop runs inline (Engine.complete without a server) or on
+a background thread (the server).
+
+Threads: submit() runs on the caller's thread, everything else on the loop's. The lock guards
+the three queues (waiting, prefilling, active) and the live-by-document map; generations are
+changed only by the loop, except request_cancel(), which is safe from any thread.
 """
 
 import logging
 import threading
 import time
 from collections import deque
+from typing import NamedTuple
 
 import torch
+
+from specdec.generation import State
+from specdec.policy import learn_step
 
 log = logging.getLogger("specdec.scheduler")
 
@@ -22,47 +30,64 @@ class QueueFull(RuntimeError):
     """More requests waiting than the scheduler accepts."""
 
 
+class FinishedRecord(NamedTuple):
+    """One finished generation, as the scheduler saw it leave."""
+
+    document: str | None
+    stop_reason: str | None
+    tokens: int  # generated tokens
+    step: int  # the scheduler step it finished in
+
+
 class Scheduler:
+    PREFILL_TOKENS_BUSY = 256  # prompt tokens per step while others decode
+    PREFILL_TOKENS_IDLE = 2048  # and while nobody decodes: the whole prompt at once
+    MAX_DECODING = 4  # requests decoded per step; the rest wait their turn
+
     def __init__(self, engine, max_batch: int = 16, max_queue: int = 64):
         self.engine = engine
         self.max_batch, self.max_queue = max_batch, max_queue
         self.waiting: deque = deque()
-        self.active: list = []
         self.prefilling: list = []  # admitted, prompt partly in the cache
+        self.active: list = []  # decoding
+        self._live_by_document = {}
         self.lock = threading.Condition()
         self.thread = None
         self.running = False
         self.steps = 0
-        self.recent = deque(maxlen=256)  # (document, stop reason, tokens, step finished) of finished requests
+        self.recent: deque = deque(maxlen=256)  # FinishedRecords, oldest first
 
-    # submitting ---------------------------------------------------------------------------
+    # submitting (any thread) --------------------------------------------------------------
 
     def submit(self, generation) -> None:
         with self.lock:
-            if any(generation is g for g in (*self.waiting, *self.prefilling, *self.active)):
+            if generation.state is not State.QUEUED or generation in self.waiting:
                 return  # submitted already (run_until_done after submit): it must not supersede itself
-            self._drop_cancelled_waiting()
             if len(self.waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self.waiting)} requests already waiting")
-            document = generation.request.document
+                self._drop_cancelled_waiting()
+                if len(self.waiting) >= self.max_queue:
+                    raise QueueFull(f"{len(self.waiting)} requests already waiting")
+            document = generation.options.document
             if document is not None:
-                for other in [*self.waiting, *self.prefilling, *self.active]:
-                    if other.request.document == document:
-                        other.stop_reason = "superseded"
-                        other.cancel()
+                older = self._live_by_document.get(document)
+                if older is not None:
+                    older.request_cancel("superseded")
+                self._live_by_document[document] = generation
             self._drop_cancelled_waiting()
             self.waiting.append(generation)
             self.lock.notify()
 
     def _drop_cancelled_waiting(self) -> None:
-        """Cancelled or superseded requests that never started leave the queue at once (caller holds the lock)."""
-        for g in [g for g in self.waiting if g.cancelled.is_set()]:
+        """Cancelled or superseded requests that never started leave the queue at once (lock held).
+        A superseded request finishes on this thread: it was never seen by the loop."""
+        for g in [g for g in self.waiting if g.cancel_reason is not None]:
             self.waiting.remove(g)
-            g._finish(g.stop_reason or "cancelled")
-            self.recent.append((g.request.document, g.stop_reason, 0, self.steps))
+            g.finish(g.cancel_reason)
+            self._left(g)
 
     def queue_depth(self) -> int:
-        return len(self.waiting) + len(self.prefilling) + len(self.active)
+        with self.lock:
+            return len(self.waiting) + len(self.prefilling) + len(self.active)
 
     # running ------------------------------------------------------------------------------
 
@@ -84,7 +109,7 @@ class Scheduler:
         """Inline driving (no background thread): step until these generations finish."""
         for g in generations:
             self.submit(g)
-        while not all(g.finished.is_set() for g in generations):
+        while not all(g.is_finished for g in generations):
             self.step()
 
     def _loop(self) -> None:
@@ -125,44 +150,45 @@ class Scheduler:
         total = prefilled + sum(len(tree) for _, tree in trees)
         rows = None if not chunks else list(range(prefilled, total))
         logits = self.engine.target(torch.cat(tokens), torch.cat(positions), list(segments), logits_rows=rows)
-        start = 0
+        start, added = 0, []
         for g, tree in trees:
-            g.commit(tree, logits[start : start + len(tree)])
+            added.append(g.commit(tree, logits[start : start + len(tree)]))
             start += len(tree)
         for g, _ in chunks:
-            if self._guard(g, g.prefill_fed) and not g.prefilling:
-                self.prefilling.remove(g)
-                self.active.append(g)
+            if self._guard(g, g.prefill_fed) and g.state is State.DECODING:
+                with self.lock:
+                    self.prefilling.remove(g)
+                    self.active.append(g)
         if trees:
             share = (time.perf_counter() - started) * 1000 / len(trees)
-            for g, _ in trees:
-                if g.request.strategy != "ar":
-                    self.engine.record_step(g.request.strategy, g.speculating, share, g.last_step_tokens)
-
-    MAX_DECODING = 4  # requests decoded per step; the rest wait their turn
+            for (g, _), count in zip(trees, added, strict=True):
+                if g.options.strategy != "ar":
+                    learn_step(g.policies, g.options.strategy, g.speculating, share, count)
 
     def _decoding(self) -> list:
-        """The active requests decoded this step: the oldest first. With an MoE on a memory-bound
-        machine every request in the batch wakes more experts (measured here: 4 cost 1.8-3.2x
-        one, 16 cost 3.9x), and under fast typing the youngest requests are the ones the next
-        keystroke supersedes: decoding the survivors first gets a user who paused a completion
-        soonest."""
-        if len(self.active) <= self.MAX_DECODING:
-            return self.active
-        return sorted(self.active, key=lambda g: g.started)[: self.MAX_DECODING]
+        """The decoding requests stepped now: the oldest first. With an MoE on a memory-bound
+        machine every request in the batch wakes more experts, and under fast typing the
+        youngest requests are the ones the next keystroke supersedes: decoding the survivors
+        first gets a user who paused a completion soonest."""
+        live = [g for g in self.active if not g.is_finished]
+        if len(live) <= self.MAX_DECODING:
+            return live
+        return sorted(live, key=lambda g: g.started)[: self.MAX_DECODING]
 
     def _admit(self) -> None:
         """Waiting requests begin (prompt built, prompt cache looked up; no forward) while there is room."""
-        while len(self.active) + len(self.prefilling) < self.max_batch:
+        while True:
             with self.lock:
-                if not self.waiting:
+                if not self.waiting or len(self.active) + len(self.prefilling) >= self.max_batch:
                     return
                 g = self.waiting.popleft()
-            if g.cancelled.is_set():
-                g._finish(g.stop_reason or "cancelled")
+            if g.cancel_reason is not None:
+                g.finish(g.cancel_reason)
+                self._left(g)
                 continue
             if self._guard(g, g.begin):
-                (self.prefilling if g.prefilling else self.active).append(g)
+                with self.lock:
+                    (self.prefilling if g.prefilling else self.active).append(g)
 
     def _prefill_chunks(self) -> list:
         """The next prompt chunks of the prefilling requests, within a token budget per step, so
@@ -178,9 +204,6 @@ class Scheduler:
             budget -= count
         return chosen
 
-    PREFILL_TOKENS_BUSY = 256  # prompt tokens per step while others decode
-    PREFILL_TOKENS_IDLE = 2048  # and while nobody decodes: the whole prompt at once
-
     def _guard(self, g, action) -> bool:
         """Run one request's action; a request whose prompt cannot be built or kept fails alone."""
         try:
@@ -188,29 +211,40 @@ class Scheduler:
             return True
         except Exception as err:
             log.exception("prefill failed")
-            g.error = err
-            g._finish("error")
-            if g in self.prefilling:
-                self.prefilling.remove(g)
+            g.fail(err)
+            with self.lock:
+                if g in self.prefilling:
+                    self.prefilling.remove(g)
+            self._left(g)
             return False
 
     def _reap(self) -> None:
-        """Finished and cancelled requests leave, giving their caches (full or partly
+        """Cancelled requests finish; finished ones leave, giving their caches (full or partly
         prefilled) back to the prompt cache."""
-        for queue in (self.prefilling, self.active):
-            keep = []
-            for g in queue:
-                if g.cancelled.is_set() and not g.finished.is_set():
-                    g._finish(g.stop_reason or "cancelled")
-                if g.finished.is_set():
-                    g.release()
-                    self.recent.append((g.request.document, g.stop_reason, len(g.generated), self.steps))
-                else:
-                    keep.append(g)
-            queue[:] = keep
+        with self.lock:
+            queues = (self.prefilling, self.active)
+            for queue in queues:
+                for g in queue:
+                    if g.cancel_reason is not None and not g.is_finished:
+                        g.finish(g.cancel_reason)
+            gone = [g for queue in queues for g in queue if g.is_finished]
+            self.prefilling[:] = [g for g in self.prefilling if not g.is_finished]
+            self.active[:] = [g for g in self.active if not g.is_finished]
+        for g in gone:
+            g.release()
+            self._left(g)
+
+    def _left(self, g) -> None:
+        with self.lock:
+            document = g.options.document
+            if document is not None and self._live_by_document.get(document) is g:
+                del self._live_by_document[document]
+            self.recent.append(FinishedRecord(document, g.stop_reason, len(g.generated), self.steps))
 
     def _fail_all(self) -> None:
-        for g in self.prefilling + self.active:
-            g.error = RuntimeError("internal error in the scheduler step")
-            g._finish("error")
-        self.prefilling, self.active = [], []
+        with self.lock:
+            failing = self.prefilling + self.active
+            self.prefilling, self.active = [], []
+        for g in failing:
+            g.fail(RuntimeError("internal error in the scheduler step"))
+            self._left(g)

@@ -7,6 +7,18 @@ own previous line (small models loop); explicit stop strings cut before themselv
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class StopCut(NamedTuple):
+    """Where the text ends and why; `matched` names the stop string when reason is "word"."""
+
+    position: int | None
+    reason: str | None
+    matched: str = ""
+
+
+NO_CUT = StopCut(None, None)
 
 
 @dataclass
@@ -17,13 +29,13 @@ class StopRules:
     suffix_next_line: str = ""  # first non-empty line after the cursor line, stripped
     stop_strings: list = field(default_factory=list)
 
-    def cut(self, text: str):
-        """(cut position, reason) for the earliest rule that fires, else (None, None)."""
-        best = (None, None)
-        for position, reason in (self._line(text), self._dedent(text), self._suffix(text), self._repeat(text),
-                                 self._strings(text)):
-            if position is not None and (best[0] is None or position < best[0]):
-                best = (position, reason)
+    def cut(self, text: str) -> StopCut:
+        """The earliest rule that fires, else NO_CUT."""
+        best = NO_CUT
+        for found in (self._line(text), self._dedent(text), self._suffix(text), self._repeat(text),
+                      self._strings(text)):
+            if found[0] is not None and (best.position is None or found[0] < best.position):
+                best = StopCut(*found)
         return best
 
     def _line(self, text):
@@ -77,8 +89,12 @@ class StopRules:
         return None, None
 
     def _strings(self, text):
-        hits = [(text.find(s), "word") for s in self.stop_strings if s and s in text]
-        return min(hits) if hits else (None, None)
+        """The stop string found first in the text (the longest when two start at one place)."""
+        hits = [(text.find(s), -len(s), s) for s in self.stop_strings if s and s in text]
+        if not hits:
+            return None, None
+        position, _, matched = min(hits)
+        return position, "word", matched
 
 
 def rules_for(prefix: str, suffix: str, mode: str, n_indent: int | None = None, stop=()) -> StopRules:

@@ -47,6 +47,14 @@ def make_tiny_models(root: Path):
     return target, draft
 
 
+def generation(engine, prefix: str, suffix: str = "", **options):
+    """A Generation not yet submitted, for tests that drive the scheduler step by step."""
+    from specdec.generation import Generation
+    from specdec.options import CompletionOptions
+
+    return Generation(engine, CompletionOptions(prefix, suffix, **options))
+
+
 def code_prompts(count: int, seed: int = 0, before: int = 600, after: int = 200):
     """(path, prefix, suffix) cut at random cursor positions of real stdlib files."""
     import random

@@ -4,18 +4,22 @@ import pytest
 import torch
 
 import kernels
-from kernels.dispatch import backend_for
+from kernels.dispatch import backend_for, configure_from_environment, set_backend
 
 
 def test_backend_choice(monkeypatch):
     cpu = torch.zeros(1)
     monkeypatch.delenv("SPECDEC_KERNELS", raising=False)
+    configure_from_environment()
     assert backend_for(cpu) == "torch"
     monkeypatch.setenv("SPECDEC_KERNELS", "triton")
+    configure_from_environment()
     assert backend_for(cpu) == "triton"
+    monkeypatch.setenv("SPECDEC_KERNELS", "torch")
+    assert backend_for(cpu) == "triton"  # read once, at load: a later change of the variable is not seen
     monkeypatch.setenv("SPECDEC_KERNELS", "cuda-magic")
     with pytest.raises(ValueError, match="SPECDEC_KERNELS"):
-        backend_for(cpu)
+        configure_from_environment()
 
 
 def test_public_names_agree_across_backends(monkeypatch):
@@ -24,14 +28,14 @@ def test_public_names_agree_across_backends(monkeypatch):
     logits = torch.randn(6, 4)
     out = {}
     for backend in ("torch", "triton"):
-        monkeypatch.setenv("SPECDEC_KERNELS", backend)
+        set_backend(backend)
         weights, ids = kernels.moe_route(logits, 2, True)
         out[backend] = kernels.fused_moe(x, w1, w2, weights, ids)
     assert torch.allclose(out["torch"], out["triton"], rtol=1e-4, atol=1e-5)
 
 
 def test_fp8_torch_path_dequantizes(monkeypatch):
-    monkeypatch.setenv("SPECDEC_KERNELS", "torch")
+    set_backend("torch")
     w = torch.randn(2, 256, 128)
     scale = w.abs().amax(dim=2) / 448
     q = (w / scale[..., None]).to(torch.float8_e4m3fn)

@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+import kernels
 from specdec import Engine
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
@@ -14,7 +15,7 @@ def test_default_model_greedy_same_with_triton_kernels(monkeypatch):
     prompts = [("def add(a, b):\n    return ", "\n"), ("import os\n\npath = os.path.", "\n")]
     outputs = {}
     for backend in ("torch", "triton"):
-        monkeypatch.setenv("SPECDEC_KERNELS", backend)
+        kernels.set_backend(backend)
         engine.prompt_cache.clear()
         outputs[backend] = [engine.complete(p, s, strategy="ar", max_tokens=3, use_prompt_cache=False).tokens
                             for p, s in prompts]

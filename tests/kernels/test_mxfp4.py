@@ -54,12 +54,12 @@ def test_dot_scaled_kernels_match_the_dequantised_reference(tokens, experts, hid
     got = fused_moe_mxfp4_triton(x, p1, s1, p2, s2, weights, ids)
     ref = fused_moe_torch(x.float(), dequantize_mxfp4(p1, s1), dequantize_mxfp4(p2, s2), weights, ids)
     assert rel_err(got, ref) < 3e-3
-    monkeypatch.setenv("SPECDEC_KERNELS", "triton")  # the public entry point takes the same path
+    kernels.set_backend("triton")  # the public entry point takes the same path
     assert torch.equal(kernels.fused_moe(x, p1, p2, weights, ids, w1_scale=s1, w2_scale=s2), got)
 
 
 def test_without_dot_scaled_the_weights_are_dequantised(monkeypatch):
-    monkeypatch.setenv("SPECDEC_KERNELS", "torch")
+    kernels.set_backend("torch")
     x, (p1, s1), (p2, s2), weights, ids = _inputs(6, 4, 64, 32, 2)
     x = x.float()
     got = kernels.fused_moe(x, p1, p2, weights, ids, w1_scale=s1, w2_scale=s2)

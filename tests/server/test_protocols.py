@@ -85,3 +85,14 @@ def test_health_and_metrics(live):
     for name in ("specdec_request_latency_ms_bucket", "specdec_tau", "specdec_accepted_tokens_total",
                  "specdec_cached_prompt_tokens_total", "specdec_queue_depth", "specdec_expert_tokens_total"):
         assert name in text
+
+
+def test_infill_stopping_word_names_the_string_that_matched(live):
+    body = dict(VSCODE_BODY, input_prefix="def main():\n", prompt="    ", input_suffix="", n_predict=12,
+                cache_prompt=False, path="pkg/stopword.py")
+    free = httpx.post(f"{live.url}/infill", json=body, timeout=60).json()
+    assert len(free["content"]) >= 4, free["content"]
+    word = free["content"][2:4]
+    stopped = httpx.post(f"{live.url}/infill", json=dict(body, stop=["\u0000never", word]), timeout=60).json()
+    assert stopped["stop_type"] == "word" and stopped["stopping_word"] == word
+    assert stopped["content"] == free["content"][: free["content"].find(word)]

@@ -58,9 +58,9 @@ def test_queue_full_is_429(models, repo):
 
 def _wait_idle(engine, seconds=10):
     deadline = time.time() + seconds
-    while engine.scheduler.queue_depth() and time.time() < deadline:
+    while engine.metrics().queue_depth and time.time() < deadline:
         time.sleep(0.01)
-    return engine.scheduler.queue_depth() == 0
+    return engine.metrics().queue_depth == 0
 
 
 def test_disconnected_stream_stops_generating(live):
@@ -72,7 +72,8 @@ def test_disconnected_stream_stops_generating(live):
             if line.startswith("data: "):
                 break  # leave after the first event: the client hangs up
     assert _wait_idle(live.engine)
-    document, reason, tokens, _ = next(e for e in reversed(live.engine.scheduler.recent) if e[0] and "cancel.py" in e[0])
+    record = next(e for e in reversed(live.engine.metrics().recent) if e.document and "cancel.py" in e.document)
+    reason, tokens = record.stop_reason, record.tokens
     assert reason == "cancelled" and tokens < 500
 
 
@@ -85,12 +86,12 @@ def test_newer_request_supersedes_older(live):
     thread = threading.Thread(target=first)
     thread.start()
     deadline = time.time() + 10
-    while live.engine.scheduler.queue_depth() == 0 and time.time() < deadline:
+    while live.engine.metrics().queue_depth == 0 and time.time() < deadline:
         time.sleep(0.005)
     second = httpx.post(f"{live.url}/infill", json=dict(LONG, n_predict=4), timeout=60)
     thread.join()
     assert second.status_code == 200
-    reasons = [e[1] for e in live.engine.scheduler.recent if e[0] and e[0].endswith("pkg/long.py")]
+    reasons = [e.stop_reason for e in live.engine.metrics().recent if e.document and e.document.endswith("pkg/long.py")]
     assert "superseded" in reasons
     assert results["first"]["timings"]["predicted_n"] < 500
 

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from prefixcache import grammars
-from specdec import Engine, default_model_dir, load_model
-from specdec.generation import STRATEGIES
+from specdec import STRATEGIES, Engine, default_model_dir, load_model
 from tests.helpers import STDLIB, code_prompts
 
 DEFAULTS = default_model_dir()
@@ -112,7 +111,12 @@ def test_keystroke_follow_up_prefills_few_tokens(engine):
 def test_adaptive_engine_falls_back_to_plain_decoding_when_speculation_is_slower(engine):
     for _path, prefix, suffix in code_prompts(4, seed=13, before=600, after=100):
         engine.complete(prefix, suffix, strategy="draft", max_tokens=24, mode="multi")
-    speeds = engine.step_speed["draft"]
+    policy = engine.policies.prior
+    speeds = policy.step_speed["draft"]
     assert set(speeds) == {"spec", "plain"} and min(speeds.values()) > 0
-    decisions = [engine.should_speculate("draft") for _ in range(2 * engine.EXPLORE_EVERY)]
-    assert decisions.count(speeds["spec"] < speeds["plain"]) == 2 * engine.EXPLORE_EVERY - 2
+    decisions = []
+    for _ in range(2 * policy.EXPLORE_EVERY):  # steps that do not move the estimates
+        decisions.append(policy.should_speculate("draft"))
+        kind = "spec" if decisions[-1] else "plain"
+        policy.record_step("draft", decisions[-1], speeds[kind], 1)
+    assert decisions.count(speeds["spec"] < speeds["plain"]) == 2 * policy.EXPLORE_EVERY - 2

@@ -3,9 +3,8 @@
 import pytest
 
 from prefixcache import Index
-from specdec import Engine, load_model
-from specdec.generation import STRATEGIES
-from tests.helpers import STDLIB, code_prompts
+from specdec import STRATEGIES, Engine, load_model
+from tests.helpers import STDLIB, code_prompts, generation
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +31,7 @@ def test_all_strategies_match_ar_on_50_prompts(engine):
 def test_batched_equals_alone(engine):
     prompts = code_prompts(6, seed=1)
     alone = [engine.complete(p, s, strategy="hybrid", max_tokens=10, mode="multi").tokens for _, p, s in prompts]
-    gens = [engine.generation(p, s, strategy=strat, max_tokens=10, mode="multi")
+    gens = [generation(engine, p, s, strategy=strat, max_tokens=10, mode="multi")
             for (_, p, s), strat in zip(prompts, ["hybrid", "ar", "draft", "ngram", "trie", "hybrid"], strict=True)]
     engine.scheduler.run_until_done(gens)
     assert [g.result().tokens for g in gens] == alone
@@ -41,7 +40,7 @@ def test_batched_equals_alone(engine):
 def test_speculation_accepts_tokens(engine):
     """With the target as its own draft, draft tokens are always accepted (tau well above 1)."""
     twin = Engine(engine.target, engine.target, None, adaptive=False)
-    twin._draft_min_prob = 0.0  # a draft as costly as the target is not worth it; force drafting anyway
+    twin.draft_min_prob = 0.0  # a draft as costly as the target is not worth it; force drafting anyway
     _, prefix, suffix = code_prompts(1, seed=3)[0]
     result = twin.complete(prefix, suffix, strategy="draft", max_tokens=24, mode="multi")
     assert result.stats["accepted_by_source"]["draft"] > 0

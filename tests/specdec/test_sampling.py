@@ -4,6 +4,7 @@ import torch
 
 from specdec import Engine, Segment, load_model
 from specdec.accept import Sampling, target_probs
+from tests.helpers import generation
 
 # Upper 0.1% points of the chi-square distribution, by degrees of freedom.
 CHI2_999 = {5: 20.52, 10: 29.59, 15: 37.70, 20: 45.31, 25: 52.62, 30: 59.70}
@@ -26,7 +27,7 @@ def _exact_pairs(model, prompt_ids, allowed, sampling):
 def test_speculative_sampling_matches_target_distribution(tiny_models):
     target = load_model(tiny_models[0])
     engine = Engine(target, target, None, adaptive=False)  # the target as its own draft: many proposals accepted
-    engine._draft_min_prob = 0.0
+    engine.draft_min_prob = 0.0
     engine.draft_depth = 2  # only two tokens are sampled
     sampling = Sampling(temperature=1.0, top_k=3)
     prefix = "def add(a, b):\n    return a + b\n\nvalue = add(1, "
@@ -34,7 +35,7 @@ def test_speculative_sampling_matches_target_distribution(tiny_models):
     exact = _exact_pairs(target, probe.ids, probe.allowed_first, sampling)
     counts, samples, drafted = {}, 1500, 0
     for seed in range(samples):
-        g = engine.generation(prefix, "", strategy="draft", max_tokens=2, temperature=1.0, top_k=3, seed=seed,
+        g = generation(engine, prefix, "", strategy="draft", max_tokens=2, temperature=1.0, top_k=3, seed=seed,
                               use_prompt_cache=seed > 0)
         engine.scheduler.run_until_done([g])
         pair = tuple(g.committed[len(g.prompt.ids) : len(g.prompt.ids) + 2])

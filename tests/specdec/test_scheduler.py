@@ -3,7 +3,7 @@
 import torch
 
 from specdec import Engine, load_model
-from tests.helpers import code_prompts
+from tests.helpers import code_prompts, generation
 
 
 def _engine(tiny_models):
@@ -14,10 +14,9 @@ def test_request_superseded_while_prefilling_hands_over_its_cache(tiny_models):
     engine = _engine(tiny_models)
     scheduler = engine.scheduler
     _, prefix, suffix = code_prompts(1, seed=5, before=2000)[0]
-    first = engine.generation(prefix, suffix, max_tokens=8)
-    second = engine.generation(prefix + "x", suffix, max_tokens=8)
-    first.request.document = second.request.document = "doc"
-    busy = engine.generation("a = 1\n", "", max_tokens=200, mode="multi")  # decoding, so the budget is small
+    first = generation(engine, prefix, suffix, max_tokens=8, document="doc")
+    second = generation(engine, prefix + "x", suffix, max_tokens=8, document="doc")
+    busy = generation(engine, "a = 1\n", "", max_tokens=200, mode="multi")  # decoding, so the budget is small
     scheduler.submit(busy)
     scheduler.step()
     scheduler.submit(first)
@@ -28,7 +27,7 @@ def test_request_superseded_while_prefilling_hands_over_its_cache(tiny_models):
         scheduler.step()
     assert first.stop_reason == "superseded" and first.generated == []
     assert second.stats["cached_tokens"] >= scheduler.PREFILL_TOKENS_BUSY
-    busy.cancel()
+    busy.request_cancel()
     scheduler.step()
 
 
@@ -39,7 +38,7 @@ def test_chunked_batched_prefill_equals_whole_prefill(tiny_models):
     prompts = code_prompts(4, seed=7, before=1500)
     alone = [engine.complete(p, s, max_tokens=10, mode="multi", use_prompt_cache=False).tokens for _, p, s in prompts]
     engine.scheduler.PREFILL_TOKENS_IDLE = 100  # force chunking even with nobody decoding
-    gens = [engine.generation(p, s, max_tokens=10, mode="multi", use_prompt_cache=False) for _, p, s in prompts]
+    gens = [generation(engine, p, s, max_tokens=10, mode="multi", use_prompt_cache=False) for _, p, s in prompts]
     with torch.inference_mode():
         engine.scheduler.run_until_done(gens)
     assert [g.result().tokens for g in gens] == alone
@@ -49,8 +48,7 @@ def test_chunked_batched_prefill_equals_whole_prefill(tiny_models):
 def test_submitting_twice_does_not_supersede_the_request_itself(tiny_models):
     engine = _engine(tiny_models)
     _, prefix, suffix = code_prompts(1, seed=3, before=300)[0]
-    g = engine.generation(prefix, suffix, max_tokens=4)
-    g.request.document = "doc"
+    g = generation(engine, prefix, suffix, max_tokens=4, document="doc")
     engine.scheduler.submit(g)
     engine.scheduler.run_until_done([g])  # submits again
     assert g.stop_reason != "superseded" and g.result().tokens

@@ -1,0 +1,56 @@
+"""CompletionOptions: what one completion request asks for, validated once where it is made.
+
+The HTTP schemas, the CLI and Engine.complete all build this one carrier; everything after it
+(the scheduler, the generation, the stop rules) reads its fields and never re-checks them.
+"""
+
+from dataclasses import dataclass, replace
+
+STRATEGIES = ("ar", "draft", "ngram", "trie", "hybrid")
+MODES = ("auto", "single", "multi")
+
+
+class OptionsError(ValueError):
+    """An option out of its range; the message names the option."""
+
+
+@dataclass(frozen=True)
+class CompletionOptions:
+    prefix: str
+    suffix: str = ""
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0 is greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 keeps every token
+    strategy: str = "hybrid"  # one of STRATEGIES
+    mode: str = "auto"  # single: stop at the end of the line; multi: a block; auto: single when text follows
+    path: str | None = None  # repository-relative, POSIX style
+    extra: tuple = ()  # ((filename, text), ...) context chunks, most relevant last
+    seed: int = 0  # the uniforms of sampling: the same seed gives the same tokens
+    n_indent: int | None = None  # llama.cpp's n_indent: a multi-line completion ends below this indentation
+    stop: tuple = ()  # stop strings; the output ends before the first one found
+    time_budget_ms: float | None = None
+    time_budget_after_newline: bool = False  # llama.cpp: t_max_predict_ms only ends a completion after a newline
+    use_prompt_cache: bool = True
+    document: str | None = None  # requests for the same document supersede each other
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise OptionsError(f"strategy {self.strategy!r}: expected one of {', '.join(STRATEGIES)}")
+        if self.mode not in MODES:
+            raise OptionsError(f"mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.max_tokens < 0:
+            raise OptionsError("max_tokens must be >= 0")
+        if self.temperature < 0:
+            raise OptionsError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise OptionsError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise OptionsError("top_k must be >= 0")
+        if not isinstance(self.extra, tuple) or not isinstance(self.stop, tuple):
+            object.__setattr__(self, "extra", tuple(self.extra))
+            object.__setattr__(self, "stop", tuple(self.stop))
+
+    def with_changes(self, **changes) -> "CompletionOptions":
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)

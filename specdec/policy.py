@@ -1,0 +1,127 @@
+"""What speculation is worth, learned per document: acceptance of each source and the speed of
+speculative against plain steps.
+
+Each document (an editor buffer) has its own SpeculationPolicy, so that one user's code does not
+price another's tree. A document seen for the first time starts from the global prior, which
+every update also moves (more slowly), so a new document starts from what the engine has learned
+so far. Documents live in an LRU of bounded size.
+"""
+
+import copy
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+GLOBAL_RATE_SHARE = 0.25  # the prior learns at this fraction of a document's rate
+
+
+@dataclass
+class AcceptanceStats:
+    """Running estimates of how often each source's tokens are accepted, to price tree nodes."""
+
+    first: dict = field(default_factory=lambda: {"trie": 0.5, "ngram": 0.4})  # P(first token accepted)
+    next: dict = field(default_factory=lambda: {"trie": 0.8, "ngram": 0.6})  # P(next accepted | previous accepted)
+    draft_scale: float = 0.9  # the draft's own probability, scaled by how calibrated it proved
+
+    def update_draft(self, predicted: float, accepted: int, rate=0.05) -> None:
+        """Calibrate the draft's probabilities: accepted draft tokens against their predicted sum."""
+        if predicted > 0:
+            ratio = min(1.5, accepted / predicted)
+            self.draft_scale += rate * (ratio * self.draft_scale - self.draft_scale)
+            self.draft_scale = min(1.0, max(0.05, self.draft_scale))
+
+    def update(self, source: str, proposed_depth: int, accepted_depth: int, rate=0.05) -> None:
+        if source not in self.first or proposed_depth == 0:
+            return
+        self.first[source] += rate * ((accepted_depth > 0) - self.first[source])
+        if accepted_depth > 0 and proposed_depth > 1:
+            tried = min(proposed_depth - 1, accepted_depth)
+            got = accepted_depth - 1
+            self.next[source] += rate * (got / max(1, tried) - self.next[source])
+
+    def chain_probs(self, source: str, length: int, rank: int) -> list[float]:
+        p = self.first[source] / (1 + rank)
+        out = []
+        for _ in range(length):
+            out.append(p)
+            p *= self.next[source]
+        return out
+
+
+@dataclass
+class SpeculationPolicy:
+    """Acceptance estimates and step speeds (ms per generated token, EMA) per strategy."""
+
+    acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
+    step_speed: dict = field(default_factory=dict)  # strategy -> {"spec": ms, "plain": ms}
+    steps: dict = field(default_factory=dict)  # strategy -> steps recorded
+
+    EXPLORE_EVERY = 8  # one step in this many tries the slower kind, so the estimate stays current
+
+    def should_speculate(self, strategy: str) -> bool:
+        """Speculate where it is measured faster (a pure question: recording a step moves the state)."""
+        speeds = self.step_speed.get(strategy, {})
+        spec, plain = speeds.get("spec"), speeds.get("plain")
+        if spec is None or plain is None:
+            return spec is None
+        faster = spec < plain
+        explore = self.steps.get(strategy, 0) % self.EXPLORE_EVERY == self.EXPLORE_EVERY - 1
+        return not faster if explore else faster
+
+    def record_step(self, strategy: str, speculative: bool, millis: float, tokens: int, rate: float = 0.1) -> None:
+        if tokens <= 0:
+            return
+        self.steps[strategy] = self.steps.get(strategy, 0) + 1
+        speeds = self.step_speed.setdefault(strategy, {})
+        kind = "spec" if speculative else "plain"
+        value = millis / tokens
+        speeds[kind] = value if kind not in speeds else speeds[kind] + rate * (value - speeds[kind])
+
+
+class PolicyBook:
+    """SpeculationPolicy per document, in an LRU, each starting from the global prior."""
+
+    def __init__(self, max_documents: int = 256):
+        self.prior = SpeculationPolicy()
+        self.max_documents = max_documents
+        self._documents: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def for_document(self, document: str | None) -> SpeculationPolicy:
+        if document is None:
+            return self.prior
+        with self._lock:
+            policy = self._documents.get(document)
+            if policy is None:
+                policy = self._documents[document] = copy.deepcopy(self.prior)
+                while len(self._documents) > self.max_documents:
+                    self._documents.popitem(last=False)
+            self._documents.move_to_end(document)
+            return policy
+
+    def __len__(self) -> int:
+        return len(self._documents)
+
+
+def learn_acceptance(policies, source: str, proposed_depth: int, accepted_depth: int, rate: float = 0.05) -> None:
+    """One source's outcome in a step, into a document's policy and (more slowly) the prior."""
+    for policy, share in _with_shares(policies):
+        policy.acceptance.update(source, proposed_depth, accepted_depth, rate * share)
+
+
+def learn_draft(policies, predicted: float, accepted: int, rate: float = 0.05) -> None:
+    for policy, share in _with_shares(policies):
+        policy.acceptance.update_draft(predicted, accepted, rate * share)
+
+
+def learn_step(policies, strategy: str, speculative: bool, millis: float, tokens: int) -> None:
+    for policy, share in _with_shares(policies):
+        policy.record_step(strategy, speculative, millis, tokens, 0.1 * share)
+
+
+def _with_shares(policies):
+    """(document policy, 1.0) and (prior, GLOBAL_RATE_SHARE); one pair when they are the same."""
+    document, prior = policies
+    if document is prior:
+        return ((prior, 1.0),)
+    return ((document, 1.0), (prior, GLOBAL_RATE_SHARE))

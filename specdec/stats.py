@@ -1,0 +1,47 @@
+"""Stats: the statistics of one finished completion, the keys of the public contract as fields.
+
+It reads as a mapping too (`result.stats["tau"]`, `dict(result.stats)`), which is what the public
+API promised before it was typed; as_dict() gives plain JSON-ready values.
+"""
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+
+SOURCES = ("trie", "draft", "ngram", "history", "bonus")
+
+
+def _by_source() -> dict:
+    return dict.fromkeys(SOURCES, 0)
+
+
+@dataclass
+class Stats(Mapping):
+    target_passes: int = 0  # target forwards after prefill
+    generated_tokens: int = 0
+    tau: float = 0.0  # generated_tokens / target_passes
+    accepted_by_source: dict = field(default_factory=_by_source)  # tokens kept, by who proposed them
+    prefill_tokens: int = 0  # prompt tokens computed for this request
+    cached_tokens: int = 0  # prompt tokens reused from the prompt cache
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    total_ms: float = 0.0
+    stop_reason: str = "none"  # eos, newline, dedent, suffix, repeat, word, limit, time, cancelled, superseded, error
+    stop_word: str = ""  # the stop string that matched, when stop_reason is "word"
+    tree_nodes: int = 0  # speculated nodes verified, all passes together
+
+    def __getitem__(self, key):
+        if key not in _FIELDS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(_FIELDS)
+
+    def __len__(self) -> int:
+        return len(_FIELDS)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+_FIELDS = tuple(f.name for f in fields(Stats))

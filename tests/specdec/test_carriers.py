@@ -1,0 +1,125 @@
+"""The typed carriers between layers, the generation's states, the handle and per-document policies."""
+
+import asyncio
+import json
+
+import pytest
+
+from specdec import CompletionOptions, Engine, IllegalTransition, OptionsError, State, Stats, load_model
+from specdec.drafting import DraftPath, ngram_paths
+from specdec.policy import AcceptanceStats, PolicyBook
+from tests.helpers import code_prompts, generation
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    return Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), adaptive=False)
+
+
+@pytest.mark.parametrize("field, value, words", [("strategy", "beam", "strategy"), ("mode", "block", "mode"),
+                                                 ("top_p", 0.0, "top_p"), ("max_tokens", -1, "max_tokens"),
+                                                 ("temperature", -0.5, "temperature"), ("top_k", -2, "top_k")])
+def test_options_are_validated_once_with_the_field_named(field, value, words):
+    with pytest.raises(OptionsError, match=words):
+        CompletionOptions("x = ", **{field: value})
+
+
+def test_options_keep_sequences_as_tuples():
+    options = CompletionOptions("x", extra=[("a.py", "y = 1")], stop=["\n\n"])
+    assert options.extra == (("a.py", "y = 1"),) and options.stop == ("\n\n",)
+    assert options.with_changes(document="d").document == "d" and options.document is None
+
+
+def test_stats_read_as_a_mapping_and_serialise():
+    stats = Stats(target_passes=4, generated_tokens=10, tau=2.5, stop_reason="word", stop_word="END")
+    assert stats["tau"] == 2.5 and stats.get("missing", 7) == 7 and "stop_word" in stats
+    assert dict(stats)["accepted_by_source"] == {"trie": 0, "draft": 0, "ngram": 0, "history": 0, "bonus": 0}
+    assert json.loads(json.dumps(stats.as_dict()))["stop_word"] == "END"
+    with pytest.raises(KeyError):
+        stats["nope"]
+
+
+def test_draft_paths_are_typed():
+    paths = ngram_paths([1, 2, 3, 9, 1, 2, 3], AcceptanceStats())
+    assert paths and all(isinstance(p, DraftPath) for p in paths)
+    assert paths[0].source == "ngram" and paths[0].tokens[0] == 9 and len(paths[0].probs) == len(paths[0].tokens)
+
+
+def test_result_names_the_stop_string_that_matched(engine):
+    _, prefix, suffix = code_prompts(1, seed=21, before=400)[0]
+    free = engine.complete(prefix, suffix, strategy="ar", max_tokens=12, mode="multi", use_prompt_cache=False)
+    assert len(free.text) >= 4, free.text
+    word = free.text[2:4]
+    stopped = engine.complete(prefix, suffix, strategy="ar", max_tokens=12, mode="multi", use_prompt_cache=False,
+                              stop=("\x00never\x00", word))
+    assert stopped.stats.stop_reason == "word" and stopped.stats.stop_word == word
+    assert stopped.text == free.text[: free.text.find(word)]
+
+
+def test_generation_walks_its_states_in_order(engine):
+    _, prefix, suffix = code_prompts(1, seed=22, before=300)[0]
+    g = generation(engine, prefix, suffix, max_tokens=3, strategy="ar", use_prompt_cache=False)
+    assert g.state is State.QUEUED
+    with pytest.raises(IllegalTransition):
+        g.commit(None, None)  # nothing to commit before decoding
+    seen = [g.state]
+    engine.scheduler.submit(g)
+    while not g.is_finished:
+        engine.scheduler.step()
+        if g.state is not seen[-1]:
+            seen.append(g.state)
+    assert seen[0] is State.QUEUED and seen[-1] is State.FINISHED
+    assert set(seen) <= {State.QUEUED, State.PREFILLING, State.DECODING, State.FINISHED}
+    assert g.stop_reason == "limit" and len(g.generated) == 3
+
+
+def test_illegal_transitions_raise(engine):
+    g = generation(engine, "x = ", "", max_tokens=2, use_prompt_cache=False)
+    g.finish("cancelled")
+    assert g.stop_reason == "cancelled" and g.finished.is_set()
+    with pytest.raises(IllegalTransition, match="finished to finished"):
+        g.finish("limit")  # a reason once recorded is never silently replaced
+    with pytest.raises(IllegalTransition):
+        g.begin()
+    assert g.stop_reason == "cancelled"
+
+
+def test_cancel_from_the_caller_is_acted_on_between_steps(engine):
+    handle = engine.submit(CompletionOptions("def f():\n    ", max_tokens=50, mode="multi", use_prompt_cache=False))
+    handle.cancel()
+    result = handle.result()
+    assert result.stats.stop_reason == "cancelled" and result.tokens == []
+
+
+def test_handle_streams_deltas_that_add_up_to_the_result(engine):
+    _, prefix, suffix = code_prompts(1, seed=23, before=300)[0]
+    reference = engine.complete(prefix, suffix, strategy="ar", max_tokens=10, mode="multi")
+    engine.start()
+    try:
+        async def follow():
+            handle = engine.submit(CompletionOptions(prefix, suffix, strategy="hybrid", max_tokens=10, mode="multi"))
+            deltas = [d async for d in handle.deltas()]
+            return deltas, await handle.wait()
+
+        deltas, result = asyncio.run(follow())
+    finally:
+        engine.stop()
+    assert result.tokens == reference.tokens
+    assert reference.text.startswith("".join(deltas))
+
+
+def test_each_document_prices_its_own_trees():
+    book = PolicyBook(max_documents=2)
+    a, b = book.for_document("a.py"), book.for_document("b.py")
+    a.acceptance.update("trie", 4, 0, rate=0.5)  # a.py's trie proposals all rejected
+    assert a.acceptance.first["trie"] < b.acceptance.first["trie"] == book.prior.acceptance.first["trie"]
+    book.for_document("c.py")  # evicts the least recently used (a.py)
+    assert len(book) == 2 and book.for_document("a.py").acceptance.first["trie"] == book.prior.acceptance.first["trie"]
+
+
+def test_engine_metrics_report_finished_requests(engine):
+    engine.complete("import os\n", "", max_tokens=2, strategy="ar", document="doc-metrics")
+    metrics = engine.metrics()
+    record = metrics.recent[-1]
+    assert record.document == "doc-metrics" and record.stop_reason is not None and record.tokens <= 2
+    assert metrics.queue_depth == 0 and len(metrics.expert_load) == 2 and metrics.documents >= 1
