@@ -1,91 +1,135 @@
-"""python -m specdec.training: train the embedded default tokenizer, MoE target and draft, and export them.
+"""python -m specdec.training: train the embedded default MoE target and its draft, and export them.
 
-Every stage is resumable: rerunning the command continues from the last checkpoint in --runs.
+    python -m specdec.training target [--shape wide] [--tokens 16e6] [--max-minutes M]
+    python -m specdec.training draft [--tokens 4e6]       # distilled from runs/target
+    python -m specdec.training export                     # both into specdec/default_models
+    python -m specdec.training pack --tokens 30e6         # packed corpus for a machine without network
+    python -m specdec.training target --device cuda --data runs/packed.npz --batch-size 128 --tokens 300e6
+
+Every stage is resumable: rerunning the same command continues from the checkpoint in --runs.
+The tokenizer is the shipped one (specdec/default_models/target/tokenizer.json), so the index
+and the engine's prompts stay valid across retrains. --init-from starts from a model directory's
+weights (e.g. the shipped defaults) on a machine that has no checkpoint.
 """
 
 import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from specdec.loader import save_model
-from specdec.training.corpus import load_corpus
-from specdec.training.recipe import VOCAB_SIZE, active_params, draft_config, target_config
+from specdec.loader import load_model, save_model
+from specdec.training.corpus import corpus_summary, load_corpus
+from specdec.training.packed import PackedBatches, write_packed
+from specdec.training.recipe import DEFAULT_SHAPE, TARGET_SHAPES, active_params, draft_config, target_config
 from specdec.training.samples import SampleMaker
-from specdec.training.tokenizer import SPECIAL_TOKENS, train_tokenizer
-from specdec.training.train import TrainSettings, build_model, train, validation_metrics
+from specdec.training.tokenizer import SPECIAL_TOKENS
+from specdec.training.train import TrainSettings, build_model, checkpoint_state, run_model, train
 
 log = logging.getLogger("specdec.training")
+MODELS = Path(__file__).resolve().parents[1] / "default_models"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specdec.training", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", choices=("target", "draft", "export", "pack"))
+    parser.add_argument("--runs", type=Path, default=Path("runs"), help="checkpoints, logs, corpus cache")
+    parser.add_argument("--out", type=Path, default=MODELS, help="export directory")
+    parser.add_argument("--shape", choices=sorted(TARGET_SHAPES), default=DEFAULT_SHAPE)
+    parser.add_argument("--name", help="run directory under --runs (default: the stage)")
+    parser.add_argument("--tokens", type=float, help="token budget of the whole run")
+    parser.add_argument("--max-minutes", type=float, help="stop after this long (resumable)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--data", type=Path, help="a packed corpus (pack stage) instead of the live corpus")
+    parser.add_argument("--init-from", type=Path, help="a model directory to start from when there is no checkpoint")
+    parser.add_argument("--teacher", type=Path, help="the draft's teacher (default: runs/target's checkpoint)")
+    return parser
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec.training", description=__doc__)
-    parser.add_argument("--runs", type=Path, default=Path("runs"), help="checkpoints and logs")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "default_models")
-    parser.add_argument("--target-minutes", type=float, default=50.0)
-    parser.add_argument("--draft-minutes", type=float, default=18.0)
-    parser.add_argument("--kd-weight", type=float, default=0.5, help="0 disables distillation")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     args.runs.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         handlers=[logging.StreamHandler(sys.stderr), logging.FileHandler(args.runs / "train.log")])
     torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    train_files, val_files = load_corpus()
-    log.info("corpus: %d train files, %d validation files", len(train_files), len(val_files))
-    tokenizer = _tokenizer(args.runs, train_files)
+    tokenizer = tokenizer_of_defaults()
     special = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS}
-    report = {"train_files": len(train_files), "validation_files": len(val_files)}
-    models = {}
-    for name, make_config, minutes in (("target", target_config, args.target_minutes),
-                                       ("draft", draft_config, args.draft_minutes)):
-        raw = make_config(tokenizer.get_vocab_size(), special)
-        model = build_model(raw, args.seed)
-        settings = TrainSettings(minutes=minutes, seed=args.seed,
-                                 kd_weight=args.kd_weight if name == "draft" else 0.0)
-        batches = SampleMaker(train_files, tokenizer, seed=args.seed + (name == "draft")).batches(
-            settings.batch_size, settings.seq_len)
-        started = time.time()
-        teacher = models.get("target")
-        train(model, batches, settings, args.runs / name, teacher=teacher)
-        metrics = validation_metrics(model, tokenizer, val_files)
-        log.info("%s validation: %s", name, metrics)
-        state = torch.load(args.runs / name / "checkpoint.pt", weights_only=False)
-        report[name] = {
-            "total_params": sum(p.numel() for p in model.parameters()),
-            "active_params": active_params(model.config),
-            "train_steps": state["step"],
-            "train_tokens": state["step"] * settings.batch_size * settings.seq_len,
-            "train_minutes": round(state["elapsed"] / 60, 1),
-            "session_minutes": round((time.time() - started) / 60, 1),
-            "validation": metrics,
-        }
-        models[name] = model
-        _export(model, raw, tokenizer, args.out / name)
-    (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    log.info("exported to %s", args.out)
+    if args.stage == "export":
+        return _export_all(args, tokenizer, special)
+    if args.stage == "pack":
+        maker = _sample_maker(args, tokenizer)
+        write_packed(maker, int(args.tokens or 30e6), args.seq_len, args.data or args.runs / "packed.npz")
+        return 0
+    raw = target_config(tokenizer.get_vocab_size(), special, args.shape) if args.stage == "target" \
+        else draft_config(tokenizer.get_vocab_size(), special)
+    run_dir = args.runs / (args.name or args.stage)
+    model = _initial_model(raw, args, run_dir)
+    teacher = _teacher(args, special, tokenizer) if args.stage == "draft" else None
+    default_tokens = 16e6 if args.stage == "target" else 4e6
+    settings = TrainSettings(tokens=int(args.tokens or default_tokens), batch_size=args.batch_size,
+                             seq_len=args.seq_len, lr=args.lr, seed=args.seed + (args.stage == "draft"),
+                             kd_weight=0.5 if teacher else 0.0, kd_hard_weight=0.2 if teacher else 0.0,
+                             max_minutes=args.max_minutes, device=args.device)
+    if args.data:
+        source = PackedBatches(args.data, settings.seed)
+    else:
+        maker = _sample_maker(args, tokenizer, seed=settings.seed)
+        source = maker
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    log.info("%s %s: %.2fM parameters, %.2fM active, %d steps of %d tokens", args.stage, run_dir,
+             sum(p.numel() for p in model.parameters()) / 1e6, active_params(model.config) / 1e6,
+             settings.total_steps, settings.batch_size * settings.seq_len)
+    done = train(model, lambda step: source.batch(step, settings.batch_size, settings.seq_len), settings,
+                 run_dir, teacher=teacher)
+    log.info("%s: %s", run_dir, "finished" if done else "stopped; rerun the same command to resume")
     return 0
 
 
-def _tokenizer(runs: Path, train_files):
+def tokenizer_of_defaults():
     from tokenizers import Tokenizer
 
-    path = runs / "tokenizer.json"
-    if path.exists():
-        return Tokenizer.from_file(str(path))
-    tokenizer = train_tokenizer((f.text for f in train_files), VOCAB_SIZE)
-    tokenizer.save(str(path))
-    log.info("tokenizer: %d tokens", tokenizer.get_vocab_size())
-    return tokenizer
+    return Tokenizer.from_file(str(MODELS / "target" / "tokenizer.json"))
 
 
-def _export(model, raw: dict, tokenizer, out: Path) -> None:
+def _sample_maker(args, tokenizer, seed: int | None = None) -> SampleMaker:
+    train_files, held_out = load_corpus(args.runs / "corpus" / "downloads")
+    log.info("corpus: train %s, held out %s", corpus_summary(train_files), corpus_summary(held_out))
+    return SampleMaker(train_files, tokenizer, seed=args.seed if seed is None else seed)
+
+
+def _initial_model(raw: dict, args, run_dir: Path):
+    model = build_model(raw, args.seed).to(args.device)
+    if args.init_from and checkpoint_state(run_dir) is None:
+        start = load_model(args.init_from, device=args.device)
+        model.load_state_dict(start.state_dict(), strict=False)
+        log.info("initialised from %s", args.init_from)
+    return model
+
+
+def _teacher(args, special: dict, tokenizer):
+    if args.teacher:
+        return load_model(args.teacher, device=args.device).train(False)
+    return run_model(args.runs / "target")[0].to(args.device)
+
+
+def _export_all(args, tokenizer, special: dict) -> int:
+    for name in ("target", "draft"):
+        model, raw, state = run_model(args.runs / name)
+        export_model(model, raw, tokenizer, args.out / name)
+        log.info("exported %s (step %d, %.1f min) to %s", name, state["step"], state["elapsed"] / 60, args.out / name)
+    return 0
+
+
+def export_model(model, raw: dict, tokenizer, out: Path) -> None:
     """HF layout, weights stored in bf16 to keep the package small."""
     out.mkdir(parents=True, exist_ok=True)
     stored = build_model(raw, 0).to(torch.bfloat16)

@@ -1,9 +1,23 @@
-"""Figures of the trained defaults: validation loss and bpc, next-line exact match, draft-target agreement.
+"""Figures of trained models on held-out packages: bits per character, next-line exact match, the
+copy test, FIM splices that parse, and draft-target agreement.
 
-    python -m specdec.training.evaluate [--models DIR] [--points 200]
+    python -m specdec.training.evaluate [--models DIR] [--points 200] [--out DIR/evaluation.json]
+
+Every figure is on packages never trained on (corpus.HELD_OUT), at points drawn with a fixed seed:
+- bits_per_char: the first 1,024 tokens of 40 files, no header;
+- next_line_exact_match: the prefix up to a line's first non-blank character, the rest of the line
+  completed exactly (single-line mode, the file's following text as suffix);
+- copy_test: lines that repeat an earlier line of the same file exactly, given the text before
+  the line and its first 4 characters; `naive_copier` is the most recent earlier line with the
+  same indentation and first 4 characters, for scale;
+- fim_parses: a block completed at a line start (multi-line mode), spliced into a file that
+  parses, still parses;
+- draft_agreement: positions of held-out code where the draft's argmax equals the target's.
 """
 
 import argparse
+import ast
+import hashlib
 import json
 import random
 import sys
@@ -16,67 +30,185 @@ from specdec.loader import load_model
 from specdec.training.corpus import load_corpus
 from specdec.training.train import validation_metrics
 
+PREFIX_CHARS = 4000  # of text before the cursor given to the engine (it keeps what fits)
+SUFFIX_CHARS = 1000
+
+
+def by_hash(files):
+    return sorted(files, key=lambda f: hashlib.sha1(f.path.encode()).digest())
+
 
 @torch.inference_mode()
-def greedy_agreement(target, draft, files, max_tokens: int = 20000, seq_len: int = 512) -> float:
-    """Fraction of positions of held-out code where the draft's argmax equals the target's."""
+def draft_agreement(target, draft, files, max_tokens: int = 20000, seq_len: int = 1024) -> float:
     agree = total = 0
-    for f in files:
-        ids = target.tokenizer.encode(f.text).ids
-        for start in range(0, len(ids) - 1, seq_len):
-            chunk = torch.tensor([ids[start : start + seq_len]])
-            a = target.logits(chunk).argmax(-1)
-            b = draft.logits(chunk).argmax(-1)
-            agree += int((a == b).sum())
-            total += a.numel()
-            if total >= max_tokens:
-                return agree / total
+    for f in by_hash(files):
+        ids = target.tokenizer.encode(f.text).ids[:seq_len]
+        if len(ids) < 2:
+            continue
+        chunk = torch.tensor([ids])
+        agree += int((target.logits(chunk).argmax(-1) == draft.logits(chunk).argmax(-1)).sum())
+        total += len(ids)
+        if total >= max_tokens:
+            break
     return agree / max(1, total)
+
+
+def _line_offsets(text: str) -> list[int]:
+    offsets, at = [], 0
+    for line in text.split("\n"):
+        offsets.append(at)
+        at += len(line) + 1
+    return offsets
 
 
 def next_line_points(files, count: int, seed: int):
     """(prefix up to the line's first non-blank character, the rest of that line, the text after it)."""
     rng = random.Random(seed)
-    points = []
+    points, files = [], by_hash(files)
     while len(points) < count:
         text = rng.choice(files).text
         lines = text.split("\n")
+        if len(lines) < 3:
+            continue
         row = rng.randrange(1, len(lines) - 1)
         line = lines[row]
         if len(line.strip()) < 4:
             continue
-        start = sum(len(x) + 1 for x in lines[:row]) + len(line) - len(line.lstrip())
-        end = sum(len(x) + 1 for x in lines[:row]) + len(line)
-        points.append((text[max(0, start - 2000) : start], text[start:end], text[end : end + 1000]))
+        begin = _line_offsets(text)[row]
+        start, end = begin + len(line) - len(line.lstrip()), begin + len(line)
+        points.append((text[max(0, start - PREFIX_CHARS) : start], text[start:end], text[end : end + SUFFIX_CHARS]))
     return points
 
 
-def next_line_exact_match(engine: Engine, points) -> float:
+def copy_points(files, count: int, seed: int, given: int = 4):
+    """(prefix with the line's first `given` characters, the rest of the line, suffix, naive copier's guess)."""
+    candidates = []
+    for f in by_hash(files):
+        lines, seen = f.text.split("\n"), {}
+        for row, line in enumerate(lines):
+            body = line.strip()
+            if len(body) >= given + 6 and line in seen:
+                candidates.append((f, row, _naive_copy(lines, row, given)))
+            seen.setdefault(line, row)
+    rng = random.Random(seed)
+    points = []
+    for f, row, naive in rng.sample(candidates, min(count, len(candidates))):
+        line, begin = f.text.split("\n")[row], _line_offsets(f.text)[row]
+        cut = begin + len(line) - len(line.lstrip()) + given
+        end = begin + len(line)
+        points.append((f.text[max(0, cut - PREFIX_CHARS) : cut], f.text[cut:end], f.text[end : end + SUFFIX_CHARS], naive))
+    return points
+
+
+def _naive_copy(lines, row: int, given: int) -> str | None:
+    line = lines[row]
+    head = line[: len(line) - len(line.lstrip()) + given]
+    for earlier in reversed(lines[:row]):
+        if earlier.startswith(head):
+            return earlier[len(head) :]
+    return None
+
+
+def exact_rate(engine: Engine, points, mode: str = "single") -> float:
     hits = 0
-    for prefix, truth, suffix in points:
-        result = engine.complete(prefix, suffix, strategy="ar", mode="single", max_tokens=48)
+    for prefix, truth, suffix, *_ in points:
+        result = engine.complete(prefix, suffix, strategy="ar", mode=mode, max_tokens=48)
         hits += result.text.rstrip() == truth.rstrip()
-    return hits / len(points)
+    return hits / max(1, len(points))
+
+
+def fim_parse_rate(engine: Engine, files, count: int, seed: int) -> float:
+    rng = random.Random(seed)
+    parsing = [f for f in by_hash(files) if _parses(f.text)]
+    ok = total = 0
+    while total < count:
+        text = rng.choice(parsing).text
+        offsets = _line_offsets(text)
+        row = rng.randrange(1, len(offsets))
+        cut = offsets[row]
+        prefix, suffix = text[:cut], text[cut:]
+        after = suffix.find("\n", 0)
+        suffix = suffix[after + 1 :] if rng.random() < 0.5 and after >= 0 else suffix  # a removed line or an insert
+        result = engine.complete(prefix[-PREFIX_CHARS:], suffix[:SUFFIX_CHARS], strategy="ar", mode="multi", max_tokens=64)
+        ok += _parses(prefix + result.text + suffix)
+        total += 1
+    return ok / count
+
+
+def _parses(text: str) -> bool:
+    try:
+        ast.parse(text)
+        return True
+    except (SyntaxError, ValueError):
+        return False
+
+
+def evaluate(target, draft, held_out, points: int, seed: int) -> dict:
+    files = by_hash(held_out)
+    line_points = next_line_points(files, points, seed)
+    copies = copy_points(files, points, seed)
+    report = {"held_out_files": len(files), "points": points, "copy_points": len(copies)}
+    report["naive_copier"] = sum(n is not None and n.rstrip() == t.rstrip() for _, t, _, n in copies) / max(1, len(copies))
+    for name, model in (("target", target), ("draft", draft)):
+        if model is None:
+            continue
+        engine = Engine(model)
+        report[name] = {
+            "bits_per_char": validation_metrics(model, model.tokenizer, files[:40], max_tokens=10**9)["bits_per_char"],
+            "next_line_exact_match": exact_rate(engine, line_points),
+            "copy_test": exact_rate(engine, copies),
+            "fim_parses": fim_parse_rate(engine, files, max(20, points // 4), seed),
+        }
+        print(name, json.dumps(report[name]), file=sys.stderr, flush=True)
+    if target is not None and draft is not None:
+        report["draft_agreement"] = draft_agreement(target, draft, files)
+    return report
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--models", type=Path, default=default_model_dir())
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=Path, default=default_model_dir(), help="a directory with target/ and draft/")
     parser.add_argument("--points", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", type=Path, default=Path("runs"), help="where the corpus cache is")
+    parser.add_argument("--out", type=Path, help="write the figures here (default: MODELS/evaluation.json)")
+    parser.add_argument("--run", type=Path, help="a training run directory (its checkpoint) as the target")
+    parser.add_argument("--bpc-only", action="store_true", help="only bits per character (comparing shapes)")
     args = parser.parse_args(argv)
-    target, draft = load_model(args.models / "target"), load_model(args.models / "draft")
-    _, validation = load_corpus()
-    points = next_line_points(validation, args.points, args.seed)
-    report = {}
-    for name, model in (("target", target), ("draft", draft)):
-        report[name] = {"validation": validation_metrics(model, model.tokenizer, validation),
-                        "next_line_exact_match": next_line_exact_match(Engine(model), points)}
-        print(name, json.dumps(report[name]), flush=True)
-    report["draft_target_greedy_agreement"] = greedy_agreement(target, draft, validation)
-    print(json.dumps(report, indent=2))
-    (args.models / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
+    _, held_out = load_corpus(args.runs / "corpus" / "downloads")
+    if args.run:
+        target = checkpoint_model(args.run)
+        bpc = validation_metrics(target, target.tokenizer, by_hash(held_out)[:40], max_tokens=10**9)
+        print(json.dumps({"run": str(args.run), **bpc}))
+        if args.bpc_only:
+            return 0
+        models = {"target": target, "draft": None}
+    else:
+        models = {}
+        for name in ("target", "draft"):
+            path = args.models / name
+            models[name] = load_model(path) if (path / "config.json").exists() else None
+    if models["target"] is None:
+        raise SystemExit(f"{args.models}/target: no model there")
+    report = evaluate(models["target"], models["draft"], held_out, args.points, args.seed)
+    text = json.dumps(report, indent=2) + "\n"
+    print(text)
+    if args.out or not args.run:
+        (args.out or args.models / "evaluation.json").write_text(text)
     return 0
+
+
+def checkpoint_model(run_dir: Path):
+    """The model of a training run's checkpoint, loaded as the engine loads an exported one."""
+    import tempfile
+
+    from specdec.training.__main__ import export_model, tokenizer_of_defaults
+    from specdec.training.train import run_model
+
+    model, raw, _ = run_model(run_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        export_model(model, raw, tokenizer_of_defaults(), Path(tmp))
+        return load_model(tmp)
 
 
 if __name__ == "__main__":

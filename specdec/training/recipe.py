@@ -28,19 +28,24 @@ def _common(vocab_size: int, special_ids: dict) -> dict:
     }
 
 
-def target_config(vocab_size: int, special_ids: dict) -> dict:
-    """Qwen3-MoE, 8 experts top-2: the largest that trains in about an hour on 2 CPU cores."""
+# Target shapes compared at equal wall-clock before the long run (held-out loss per CPU-hour).
+TARGET_SHAPES = {
+    "wide": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+             "moe_intermediate_size": 256},
+    "deep": {"hidden_size": 192, "num_hidden_layers": 6, "num_attention_heads": 6, "num_key_value_heads": 2,
+             "moe_intermediate_size": 256},
+}
+DEFAULT_SHAPE = "wide"
+
+
+def target_config(vocab_size: int, special_ids: dict, shape: str = DEFAULT_SHAPE) -> dict:
+    """Qwen3-MoE, 8 experts top-2, in one of TARGET_SHAPES."""
     return {
         "architectures": ["Qwen3MoeForCausalLM"],
         "model_type": "qwen3_moe",
         **_common(vocab_size, special_ids),
-        "hidden_size": 256,
-        "num_hidden_layers": 6,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
         "head_dim": 32,
         "intermediate_size": 1024,  # only used by mlp_only_layers, of which there are none
-        "moe_intermediate_size": 512,
         "num_experts": 8,
         "num_local_experts": 8,
         "num_experts_per_tok": 2,
@@ -49,21 +54,22 @@ def target_config(vocab_size: int, special_ids: dict) -> dict:
         "mlp_only_layers": [],
         "router_aux_loss_coef": 0.01,
         "output_router_logits": False,
+        **TARGET_SHAPES[shape],
     }
 
 
 def draft_config(vocab_size: int, special_ids: dict) -> dict:
-    """Dense Qwen3 with under 1/8 of the target's multiply-adds per token."""
+    """Dense Qwen3, two layers: a CPU step costs per layer more than per multiply-add."""
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         **_common(vocab_size, special_ids),
-        "hidden_size": 96,
+        "hidden_size": 128,
         "num_hidden_layers": 2,
-        "num_attention_heads": 3,
+        "num_attention_heads": 4,
         "num_key_value_heads": 1,
         "head_dim": 32,
-        "intermediate_size": 256,
+        "intermediate_size": 384,
     }
 
 

@@ -1,93 +1,156 @@
-"""Training sequences: plain text, FIM in PSM and SPM order, some with repository context first.
+"""Training sequences: plain text and FIM (PSM and SPM), many with repository context chosen by retrieval.
 
 Formats (the same that specdec.fim assembles at completion time):
-  context  <|file_sep|>{path}\n{text}            repeated per context file, before the file
+  context  <|file_sep|>{path}\n{text}            repeated per context chunk, before the file
   plain    <|file_sep|>{path}\n{window}<|endoftext|>
   PSM      <|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>{middle}<|endoftext|>
   SPM      <|fim_prefix|><|fim_suffix|>{suffix}<|fim_middle|>{prefix}{middle}<|endoftext|>
 In SPM the prefix runs straight into the middle, so they are tokenized as one text: the model
 learns natural tokens across the cursor, and typing only appends to the prompt (cache-friendly).
+
+Copying is what the product needs most: the trie and the retriever put the repository's own code
+in front of the target, and the target must agree with it. So windows are long (their natural
+repetition is kept), context chunks are the windows of sibling files most similar to the text
+around the cursor (prefixcache.similar, the ranking the engine retrieves with), and some samples
+carry, as one of their chunks, the lines that the middle comes from, as the retriever's "source
+lines of the trie's top candidates" would.
+
+Each batch is a pure function of (seed, step), so a resumed run continues exactly where it stopped.
 """
 
 import random
+from dataclasses import dataclass
 
+from prefixcache.similar import most_similar, windows
 from specdec.training.tokenizer import EOT, FILE_SEP, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX
 
-WINDOW_CHARS = 1600  # about 430 tokens at 3.7 characters per token
-CONTEXT_CHARS = 500
+
+@dataclass(frozen=True)
+class Mix:
+    """Fractions of the sample kinds; what is left after plain and psm is SPM."""
+
+    plain: float = 0.3
+    psm: float = 0.2
+    context: float = 0.5  # samples with retrieved chunks of sibling files first
+    answer_chunk: float = 0.15  # samples whose context holds the lines around the middle
+    window_chars: int = 3200  # about 860 tokens at 3.7 characters per token
+    context_chars: int = 1400  # retrieved chunks, all together
+    siblings: int = 8  # files whose windows are ranked for retrieval
 
 
 class SampleMaker:
-    def __init__(self, files, tokenizer, seed: int):
-        self.files = files
-        self.tokenizer = tokenizer
-        self.rng = random.Random(seed)
-        self.by_package = {}
+    def __init__(self, files, tokenizer, seed: int, mix: Mix = Mix()):
+        self.files, self.tokenizer, self.seed, self.mix = files, tokenizer, seed, mix
+        self.by_group = {}
         for f in files:
-            self.by_package.setdefault(f.package, []).append(f)
-        self.weights = [len(f.text) for f in files]
+            self.by_group.setdefault(f.directory, []).append(f)
+            self.by_group.setdefault(f.package, []).append(f)
+        self.cumulative, total = [], 0
+        for f in files:
+            total += min(len(f.text), 4 * mix.window_chars)  # a huge file is not worth 50 small ones
+            self.cumulative.append(total)
         self.special = {t: tokenizer.token_to_id(t) for t in (EOT, FILE_SEP, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX)}
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids if text else []
 
-    def sample(self) -> list[int]:
+    def sample(self, rng: random.Random) -> list[int]:
         """One training sample as token ids, ending with <|endoftext|>."""
-        file = self.rng.choices(self.files, weights=self.weights)[0]
-        window = self._window(file.text, WINDOW_CHARS)
-        ids = self._context(file) if self.rng.random() < 0.35 else []
-        kind = self.rng.random()
-        if kind < 0.3:
-            ids += [self.special[FILE_SEP]] + self.encode(f"{file.path}\n{window}")
-        else:
-            prefix, middle, suffix = self._split(window)
-            if kind < 0.6:
-                ids += [self.special[FIM_PREFIX]] + self.encode(prefix) + [self.special[FIM_SUFFIX]]
-                ids += self.encode(suffix) + [self.special[FIM_MIDDLE]] + self.encode(middle)
-            else:
-                ids += [self.special[FIM_PREFIX], self.special[FIM_SUFFIX]] + self.encode(suffix)
-                ids += [self.special[FIM_MIDDLE]] + self.encode(prefix + middle)
-        return ids + [self.special[EOT]]
-
-    def _window(self, text: str, size: int) -> str:
-        """A run of whole lines of about `size` characters."""
-        if len(text) <= size:
-            return text
-        start = self.rng.randrange(0, len(text) - size)
-        start = text.rfind("\n", 0, start) + 1
-        end = text.find("\n", start + size)
-        return text[start : len(text) if end < 0 else end + 1]
-
-    def _split(self, window: str):
-        """(prefix, middle, suffix): a cursor anywhere, the middle running to the end of 1-6 lines."""
-        cursor = self.rng.randrange(0, max(1, len(window)))
-        if self.rng.random() < 0.4:  # editors often trigger at the start of a line
-            cursor = window.rfind("\n", 0, cursor) + 1
-        end = cursor
-        for _ in range(min(6, int(self.rng.expovariate(0.6)) + 1)):
-            nl = window.find("\n", end)
-            end = len(window) if nl < 0 else nl + 1
-        return window[:cursor], window[cursor:end], window[end:]
-
-    def _context(self, file) -> list[int]:
-        """One or two chunks of other files from the same package, each after the file separator."""
-        others = [f for f in self.by_package.get(file.package, []) if f.path != file.path]
-        if not others:
-            return []
+        m, sp = self.mix, self.special
+        file = self.files[_bisect(self.cumulative, rng.random() * self.cumulative[-1])]
+        window = _window(rng, file.text, m.window_chars)
+        kind = rng.random()
+        prefix, middle, suffix = ("", window, "") if kind < m.plain else _split(rng, window)
         ids = []
-        for other in self.rng.sample(others, min(len(others), self.rng.choice((1, 2)))):
-            chunk = self._window(other.text, CONTEXT_CHARS)
-            ids += [self.special[FILE_SEP]] + self.encode(f"{other.path}\n{chunk}")
+        if rng.random() < m.context:
+            ids = self._context(rng, file, window, prefix, middle, suffix)
+        if kind < m.plain:
+            return ids + [sp[FILE_SEP]] + self.encode(f"{file.path}\n{window}") + [sp[EOT]]
+        if kind < m.plain + m.psm:
+            ids += [sp[FIM_PREFIX]] + self.encode(prefix) + [sp[FIM_SUFFIX]]
+            ids += self.encode(suffix) + [sp[FIM_MIDDLE]] + self.encode(middle)
+        else:
+            ids += [sp[FIM_PREFIX], sp[FIM_SUFFIX]] + self.encode(suffix)
+            ids += [sp[FIM_MIDDLE]] + self.encode(prefix + middle)
+        return ids + [sp[EOT]]
+
+    def _context(self, rng, file, window: str, prefix: str, middle: str, suffix: str) -> list[int]:
+        """Retrieved chunks of sibling files (and maybe the middle's own lines), best last."""
+        m = self.mix
+        group = self.by_group.get(file.directory, [])
+        if len(group) < 3:
+            group = self.by_group.get(file.package, [])
+        others = [f for f in group if f.path != file.path]
+        candidates = []
+        for other in rng.sample(others, min(len(others), m.siblings)):
+            candidates += windows(other.path, other.text)
+        query = (prefix[-1500:] + suffix[:500]) if (prefix or suffix) else window[: len(window) // 2]
+        chunks = [(w.path, w.text) for _, w in most_similar(query, candidates, k=3)]
+        if middle and rng.random() < m.answer_chunk / max(m.context, 1e-9):
+            # It ranks first (it is the code itself), so it goes nearest the file, whole.
+            chunks.insert(0, (file.path, _around(rng, window, prefix, middle)))
+        ids, budget = [], m.context_chars
+        for rank, (path, text) in enumerate(chunks):  # the best chunk nearest the file, as the engine packs them
+            text = text if rank == 0 else text[:budget]
+            if len(text) < 80 and rank > 0:
+                break
+            budget -= len(text)
+            ids = [self.special[FILE_SEP]] + self.encode(f"{path}\n{text}\n") + ids
         return ids
 
-    def batches(self, batch_size: int, seq_len: int):
-        """Endless [batch_size, seq_len + 1] lists of packed samples."""
-        buffer = []
-        while True:
-            rows = []
-            while len(rows) < batch_size:
-                while len(buffer) < seq_len + 1:
-                    buffer += self.sample()
-                rows.append(buffer[: seq_len + 1])
-                buffer = buffer[seq_len + 1 :]
-            yield rows
+    def batch(self, step: int, batch_size: int, seq_len: int) -> list[list[int]]:
+        """[batch_size, seq_len + 1] rows of packed samples, the same for the same (seed, step)."""
+        rng = random.Random(self.seed * 1_000_003 + step)
+        rows, buffer = [], []
+        while len(rows) < batch_size:
+            while len(buffer) < seq_len + 1:
+                buffer += self.sample(rng)
+            rows.append(buffer[: seq_len + 1])
+            buffer = buffer[seq_len + 1 :] if rng.random() < 0.5 else []  # the rest starts the next row or goes
+        return rows
+
+
+def _bisect(cumulative: list[int], value: float) -> int:
+    lo, hi = 0, len(cumulative) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cumulative[mid] <= value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _window(rng: random.Random, text: str, size: int) -> str:
+    """A run of whole lines of about `size` characters."""
+    if len(text) <= size:
+        return text
+    start = rng.randrange(0, len(text) - size)
+    start = text.rfind("\n", 0, start) + 1
+    end = text.find("\n", start + size)
+    return text[start : len(text) if end < 0 else end + 1]
+
+
+def _split(rng: random.Random, window: str):
+    """(prefix, middle, suffix): a cursor anywhere, the middle running to the end of 1-6 lines."""
+    cursor = rng.randrange(0, max(1, len(window)))
+    if rng.random() < 0.4:  # editors often trigger at the start of a line
+        cursor = window.rfind("\n", 0, cursor) + 1
+    end = cursor
+    for _ in range(min(6, int(rng.expovariate(0.6)) + 1)):
+        nl = window.find("\n", end)
+        end = len(window) if nl < 0 else nl + 1
+    return window[:cursor], window[cursor:end], window[end:]
+
+
+def _around(rng: random.Random, window: str, prefix: str, middle: str) -> str:
+    """The lines holding the middle, with a few lines either side."""
+    start = len(prefix)
+    for _ in range(rng.randrange(0, 6)):
+        start = window.rfind("\n", 0, max(0, start - 1)) + 1
+    start = window.rfind("\n", 0, start) + 1
+    end = start + len(window[start:len(prefix)]) + len(middle)
+    for _ in range(rng.randrange(0, 6)):
+        nl = window.find("\n", end + 1)
+        end = len(window) if nl < 0 else nl
+    return window[start:end]

@@ -1,9 +1,16 @@
-"""The training loop: time-budgeted, resumable from checkpoints, logged; optional logit distillation."""
+"""The training loop: a token budget, resumable from checkpoints, logged; optional distillation.
+
+The learning rate is warmup-stable-decay: constant after warmup, then a linear decay over the
+last `decay_fraction` of the steps. A run stopped by its time limit resumes from its checkpoint
+with the same schedule, and the batches are a pure function of the step, so stopping and
+resuming changes nothing in what is trained.
+"""
 
 import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,16 +26,24 @@ log = logging.getLogger("specdec.training")
 
 @dataclass
 class TrainSettings:
-    minutes: float
+    tokens: int  # the whole run's budget; sets the step count and the schedule
     batch_size: int = 8
-    seq_len: int = 512
+    seq_len: int = 1024
     lr: float = 2e-3
-    warmup_steps: int = 50
+    warmup_steps: int = 100
+    decay_fraction: float = 0.2
     aux_coef: float = 0.01
     kd_weight: float = 0.0  # > 0: mix in KL(teacher || student) with this weight
-    kd_temperature: float = 1.0
+    kd_hard_weight: float = 0.0  # > 0: also cross-entropy on the teacher's argmax (its greedy choice)
     seed: int = 0
-    checkpoint_minutes: float = 4.0
+    checkpoint_minutes: float = 10.0
+    max_minutes: float | None = None  # stop (with a checkpoint) after this long; rerun to resume
+    max_steps: int | None = None  # stop (with a checkpoint) after this many steps of this session
+    device: str = "cpu"
+
+    @property
+    def total_steps(self) -> int:
+        return max(1, self.tokens // (self.batch_size * self.seq_len))
 
 
 def build_model(raw_config: dict, seed: int) -> Transformer:
@@ -38,106 +53,131 @@ def build_model(raw_config: dict, seed: int) -> Transformer:
     return model
 
 
-def _lr_at(step: int, total: int, s: TrainSettings) -> float:
+def lr_at(step: int, s: TrainSettings) -> float:
+    total = s.total_steps
     if step < s.warmup_steps:
         return s.lr * (step + 1) / s.warmup_steps
-    progress = min(1.0, (step - s.warmup_steps) / max(1, total - s.warmup_steps))
-    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    decay_start = int(total * (1 - s.decay_fraction))
+    if step < decay_start:
+        return s.lr
+    return s.lr * max(0.05, 1 - (step - decay_start) / max(1, total - decay_start))
 
 
 def _loss(model, batch, s: TrainSettings, teacher=None):
-    ids = torch.tensor(batch)
+    ids = torch.as_tensor(batch, device=s.device)
     inputs, labels = ids[:, :-1], ids[:, 1:]
-    logits, aux = train_forward(model, inputs)
-    vocab = logits.shape[-1]
-    loss = F.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1))
+    with _autocast(s.device):
+        logits, aux = train_forward(model, inputs)
+    logits = logits.float().reshape(-1, logits.shape[-1])
+    loss = F.cross_entropy(logits, labels.reshape(-1))
     total = loss + s.aux_coef * aux
-    if teacher is not None and s.kd_weight > 0:
-        with torch.no_grad():
-            teacher_logits, _ = train_forward(teacher, inputs)
-        t = s.kd_temperature
-        kd = F.kl_div(
-            F.log_softmax(logits.reshape(-1, vocab) / t, -1),
-            F.log_softmax(teacher_logits.reshape(-1, vocab) / t, -1),
-            log_target=True,
-            reduction="batchmean",
-        ) * t * t
-        total = (1 - s.kd_weight) * total + s.kd_weight * kd
+    if teacher is not None and (s.kd_weight > 0 or s.kd_hard_weight > 0):
+        with torch.no_grad(), _autocast(s.device):
+            teacher_logits = train_forward(teacher, inputs)[0].float().reshape(logits.shape)
+        soft = F.kl_div(F.log_softmax(logits, -1), F.log_softmax(teacher_logits, -1),
+                        log_target=True, reduction="batchmean")
+        hard = F.cross_entropy(logits, teacher_logits.argmax(-1))
+        rest = 1 - s.kd_weight - s.kd_hard_weight
+        total = rest * total + s.kd_weight * soft + s.kd_hard_weight * hard
     return total, loss
 
 
-def train(model: Transformer, batches, s: TrainSettings, run_dir: Path, teacher=None) -> Transformer:
-    """Train for about s.minutes of wall time (the step count is fixed after timing the first steps)."""
+def _autocast(device: str):
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def train(model: Transformer, batch_at: Callable[[int], list], s: TrainSettings, run_dir: Path,
+          teacher=None) -> bool:
+    """Train until the token budget is spent (True) or max_minutes pass (False, resumable)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(s.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    state = _resume(run_dir, model, optimizer)
-    step, total_steps, elapsed = state["step"], state["total_steps"], state["elapsed"]
-    for _ in range(step):  # replay the data stream so a resumed run sees the same batches
-        next(batches)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1,
+                                  fused=s.device.startswith("cuda"))
+    step, elapsed = _resume(run_dir, model, optimizer)
+    loss_fn = torch.compile(_loss) if s.device.startswith("cuda") else _loss
     model.train()
-    last_save, started = time.time(), time.time() - elapsed
-    while total_steps is None or step < total_steps:
+    last_save, session_start, first_step = time.time(), time.time(), step
+    tokens_per_step = s.batch_size * s.seq_len
+    while step < s.total_steps:
+        if s.max_minutes is not None and time.time() - session_start > s.max_minutes * 60:
+            break
+        if s.max_steps is not None and step - first_step >= s.max_steps:
+            break
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, total_steps or 10**9, s)
-        total, loss = _loss(model, next(batches), s, teacher)
+            group["lr"] = lr_at(step, s)
+        started = time.time()
+        total, loss = loss_fn(model, batch_at(step), s, teacher)
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         step += 1
-        elapsed = time.time() - started
-        if total_steps is None and step == 10:
-            total_steps = max(20, int(s.minutes * 60 / (elapsed / step)))
-            log.info("timing: %.2f s/step -> %d steps in %.0f min", elapsed / step, total_steps, s.minutes)
-        if step % 10 == 0:
-            tokens = step * s.batch_size * s.seq_len
-            log.info("step %d/%s loss %.4f tokens %d elapsed %.1f min", step, total_steps, loss.item(), tokens, elapsed / 60)
+        elapsed += time.time() - started
+        if step % 20 == 0 or step == s.total_steps:
+            log.info("step %d/%d loss %.4f lr %.2e tokens %d train %.1f min (%.0f tok/s)", step, s.total_steps,
+                     loss.item(), lr_at(step - 1, s), step * tokens_per_step, elapsed / 60,
+                     tokens_per_step / max(1e-9, time.time() - started))
         if time.time() - last_save > s.checkpoint_minutes * 60:
-            _save(run_dir, model, optimizer, step, total_steps, elapsed)
+            save_checkpoint(run_dir, model, optimizer, step, elapsed)
             last_save = time.time()
-    _save(run_dir, model, optimizer, step, total_steps, elapsed)
+    save_checkpoint(run_dir, model, optimizer, step, elapsed)
     model.eval()
-    return model
+    return step >= s.total_steps
 
 
-def _save(run_dir: Path, model, optimizer, step, total_steps, elapsed) -> None:
+def save_checkpoint(run_dir: Path, model, optimizer, step: int, elapsed: float) -> None:
     tmp = run_dir / "checkpoint.pt.tmp"
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "total_steps": total_steps, "elapsed": elapsed}, tmp)
+                "elapsed": elapsed}, tmp)
     os.replace(tmp, run_dir / "checkpoint.pt")  # atomic: an interrupted save never corrupts the last one
 
 
-def _resume(run_dir: Path, model, optimizer) -> dict:
+def run_model(run_dir: Path) -> tuple[Transformer, dict, dict]:
+    """(model, raw config, checkpoint state) of a run directory's checkpoint; SystemExit if none."""
+    import json
+
+    state = checkpoint_state(run_dir)
+    if state is None:
+        raise SystemExit(f"{run_dir}: no checkpoint.pt (train it first)")
+    raw = json.loads((run_dir / "config.json").read_text())
+    model = build_model(raw, 0)
+    model.load_state_dict(state["model"])
+    return model.eval(), raw, state
+
+
+def checkpoint_state(run_dir: Path) -> dict | None:
     path = run_dir / "checkpoint.pt"
-    if not path.exists():
-        return {"step": 0, "total_steps": None, "elapsed": 0.0}
-    state = torch.load(path, weights_only=False)
+    return torch.load(path, weights_only=False, map_location="cpu") if path.exists() else None
+
+
+def _resume(run_dir: Path, model, optimizer) -> tuple[int, float]:
+    state = checkpoint_state(run_dir)
+    if state is None:
+        return 0, 0.0
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    log.info("resumed from %s at step %d", path, state["step"])
-    return state
+    log.info("resumed from %s at step %d", run_dir / "checkpoint.pt", state["step"])
+    return state["step"], state["elapsed"]
 
 
 @torch.no_grad()
-def validation_metrics(model: Transformer, tokenizer, files, max_tokens: int = 60000, seq_len: int = 512) -> dict:
-    """Plain left-to-right loss (nats/token) and bits per character on held-out files."""
+def validation_metrics(model: Transformer, tokenizer, files, max_tokens: int = 60000, seq_len: int = 1024) -> dict:
+    """Plain left-to-right loss (nats/token) and bits per character on held-out files, each from its start."""
     model.eval()
     nats, tokens, chars = 0.0, 0, 0
+    device = next(model.parameters()).device
     for f in files:
-        ids = tokenizer.encode(f.text).ids
-        for start in range(0, len(ids) - 1, seq_len):
-            chunk = torch.tensor(ids[start : start + seq_len + 1])[None]
-            if chunk.shape[1] < 2:
-                continue
-            logits, _ = train_forward(model, chunk[:, :-1])
-            nats += F.cross_entropy(logits[0], chunk[0, 1:], reduction="sum").item()
-            tokens += chunk.shape[1] - 1
-            chars += len(tokenizer.decode(chunk[0, 1:].tolist()))
-            if tokens >= max_tokens:
-                return _metrics(nats, tokens, chars)
-    return _metrics(nats, tokens, chars)
-
-
-def _metrics(nats, tokens, chars) -> dict:
-    return {"loss": nats / tokens, "bits_per_char": nats / math.log(2) / chars, "tokens": tokens, "chars": chars}
+        ids = tokenizer.encode(f.text).ids[: seq_len + 1]
+        if len(ids) < 2:
+            continue
+        chunk = torch.tensor(ids, device=device)[None]
+        logits, _ = train_forward(model, chunk[:, :-1])
+        nats += F.cross_entropy(logits[0].float(), chunk[0, 1:], reduction="sum").item()
+        tokens += chunk.shape[1] - 1
+        chars += len(tokenizer.decode(ids[1:]))
+        if tokens >= max_tokens:
+            break
+    return {"loss": nats / max(1, tokens), "bits_per_char": nats / math.log(2) / max(1, chars),
+            "tokens": tokens, "chars": chars}

@@ -1,0 +1,145 @@
+"""The training recipe on tiny inputs: corpus filters and split, deduplication, samples, packing,
+and a resumed run that equals an uninterrupted one."""
+
+import io
+import random
+import tarfile
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from specdec.training.corpus import EVAL_REPOSITORIES, SourceFile, build_corpus, is_code_file, read_archive
+from specdec.training.dedup import drop_duplicates
+from specdec.training.packed import PackedBatches, write_packed
+from specdec.training.samples import Mix, SampleMaker
+from specdec.training.tokenizer import FILE_SEP, FIM_MIDDLE
+from specdec.training.train import TrainSettings, build_model, train
+from tests.helpers import STDLIB, tiny_config
+
+CODE = "\n".join(f"def function_{i}(value):\n    total = value * {i}\n    return total + {i}\n" for i in range(30))
+
+
+def _file(path, text):
+    return SourceFile(path, text)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_models):
+    return Tokenizer.from_file(str(tiny_models[0] / "tokenizer.json"))
+
+
+def test_archives_are_read_and_filtered(tmp_path):
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("pkg/core.py", CODE)
+        z.writestr("pkg/_vendor/requests/api.py", CODE)
+        z.writestr("pkg/data.json", "{}")
+    sdist = tmp_path / "other-2.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as t:
+        data = CODE.encode()
+        info = tarfile.TarInfo("other-2.0/src/other/mod.py")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    assert [p for p, _ in read_archive(wheel)] == ["pkg/_vendor/requests/api.py", "pkg/core.py"]
+    assert [p for p, _ in read_archive(sdist)] == ["src/other/mod.py"]
+    assert is_code_file("pkg/core.py", CODE.encode())
+    assert not is_code_file("pkg/_vendor/requests/api.py", CODE.encode())
+    for repo in EVAL_REPOSITORIES:
+        assert not is_code_file(f"site/{repo}/app.py", CODE.encode())
+    assert not is_code_file("pkg/table.py", b"x = [" + b"1, " * 500 + b"]\n")
+
+
+def test_split_is_by_package_and_duplicates_leave_training():
+    other = CODE.replace("total", "result")
+    sources = {"alpha": [("alpha/a.py", CODE.encode()), ("alpha/b.py", other.encode())],
+               "beta": [("beta/copy_of_a.py", CODE.encode())],
+               "gamma-lib": [("gamma/near.py", (CODE + "\n# one more line\n").encode())]}
+    train, held = build_corpus(sources, held_out=("beta",))
+    assert {f.package for f in held} == {"beta"} and {f.package for f in train} <= {"alpha", "gamma_lib"}
+    assert [f.path for f in train] == ["alpha/alpha/b.py"]  # a.py is beta's twin, near.py a near-twin
+
+
+def test_near_duplicates_are_dropped_and_different_files_kept():
+    files = [_file("a", CODE), _file("b", CODE.replace("value", "x", 1)), _file("c", CODE.replace("total", "t"))]
+    assert [f.path for f in drop_duplicates(files)] == ["a", "c"]
+
+
+def _maker(tokenizer, mix: Mix | None = None):
+    texts = {"pkg/a.py": CODE, "pkg/b.py": CODE.replace("function", "helper"),
+             "pkg/c.py": (STDLIB / "textwrap.py").read_text(), "pkg/d.py": (STDLIB / "shlex.py").read_text()}
+    return SampleMaker([_file(p, t) for p, t in texts.items()], tokenizer, seed=3, mix=mix or Mix())
+
+
+def test_batches_are_a_pure_function_of_the_step(tokenizer):
+    a, b = _maker(tokenizer), _maker(tokenizer)
+    assert a.batch(5, 2, 64) == b.batch(5, 2, 64)
+    assert a.batch(5, 2, 64) != a.batch(6, 2, 64)
+    assert all(len(row) == 65 for row in a.batch(7, 3, 64))
+
+
+def test_context_holds_the_middle_when_the_answer_chunk_is_drawn(tokenizer):
+    maker = _maker(tokenizer, Mix(plain=0.0, psm=0.0, context=1.0, answer_chunk=1.0))
+    sep, middle = tokenizer.token_to_id(FILE_SEP), tokenizer.token_to_id(FIM_MIDDLE)
+    hits = 0
+    for seed in range(20):
+        ids = maker.sample(random.Random(seed))
+        assert sep in ids and middle in ids
+        context = tokenizer.decode(ids[: ids.index(middle)], skip_special_tokens=False)
+        completion = tokenizer.decode(ids[ids.index(middle) + 1 :], skip_special_tokens=True)
+        last_line = completion.rstrip("\n").split("\n")[-1].strip()
+        hits += bool(last_line) and last_line in context
+    assert hits >= 15
+
+
+def test_packed_rows_round_trip(tokenizer, tmp_path):
+    path = write_packed(_maker(tokenizer), tokens=2000, seq_len=32, out=tmp_path / "packed.npz", block_rows=8)
+    rows = np.load(path)["rows"]
+    assert rows.dtype == np.uint16 and rows.shape[1] == 33 and rows.size >= 2000
+    batches = PackedBatches(path, seed=1)
+    first = batches.batch(0, 4, 32)
+    assert first.shape == (4, 33) and np.array_equal(first, PackedBatches(path, seed=1).batch(0, 4, 32))
+    with pytest.raises(ValueError, match="--seq-len 32"):
+        batches.batch(0, 4, 64)
+
+
+def _tiny_run(tokenizer, run_dir, steps=None):
+    raw = tiny_config("moe", tokenizer.get_vocab_size(), 0)
+    model = build_model(raw, seed=0)
+    maker = _maker(tokenizer)
+    settings = TrainSettings(tokens=6 * 2 * 32, batch_size=2, seq_len=32, warmup_steps=2, max_steps=steps)
+    done = train(model, lambda step: maker.batch(step, 2, 32), settings, run_dir)
+    return model, done
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    whole, done = _tiny_run(tokenizer, tmp_path / "whole")
+    assert done
+    stopped, done = _tiny_run(tokenizer, tmp_path / "split", steps=3)  # interrupted half way
+    assert not done and (tmp_path / "split" / "checkpoint.pt").exists()
+    assert not torch.allclose(stopped.state_dict()["lm_head.weight"], whole.state_dict()["lm_head.weight"])
+    resumed, done = _tiny_run(tokenizer, tmp_path / "split")
+    assert done
+    for (name, a), (_, b) in zip(whole.state_dict().items(), resumed.state_dict().items(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_recipe_trains_distils_and_exports_from_a_packed_corpus(tokenizer, tmp_path):
+    """The path a machine without network takes (python -m specdec.training ... --data), with a
+    tiny step count: target, then the draft distilled from it, then export and load."""
+    from specdec import Engine, load_model
+    from specdec.training.__main__ import main
+
+    packed = write_packed(_maker(tokenizer), tokens=600, seq_len=32, out=tmp_path / "packed.npz", block_rows=8)
+    common = ["--runs", str(tmp_path / "runs"), "--data", str(packed), "--batch-size", "2", "--seq-len", "32",
+              "--threads", "1", "--tokens", "128"]
+    assert main(["target", *common]) == 0
+    assert main(["draft", *common]) == 0
+    assert main(["export", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "models")]) == 0
+    target, draft = load_model(tmp_path / "models" / "target"), load_model(tmp_path / "models" / "draft")
+    assert target.config.is_moe and target.config.num_experts >= 8 and not draft.config.is_moe
+    result = Engine(target, draft).complete("def add(a, b):\n    return ", max_tokens=3, strategy="hybrid")
+    assert len(result.tokens) <= 3
