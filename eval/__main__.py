@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     r.add_argument("--always-speculate", action="store_true",
                    help="speculate at every step with every node the sources offer (up to the tree budget), even where "
                         "measured plain steps are faster: acceptance of the sources themselves, apart from the hardware")
+    r.add_argument("--typing-along", action="store_true",
+                   help="time the follow-up request after the user types the first 3 characters of each suggestion")
     c = sub.add_parser("compare", help="print the differences between two results.json files")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
@@ -63,11 +65,12 @@ def _run(args, argv) -> int:
 
         baselines = HFBaselines(args.target or default_model_dir() / "target",
                                 args.draft or (default_model_dir() / "draft" if args.target is None else None))
-    records = run_points(engine, index, points, strategies, args.max_tokens, args.seed, baselines=baselines)
+    records = run_points(engine, index, points, strategies, args.max_tokens, args.seed, baselines=baselines,
+                         typing_along=args.typing_along)
     results = {"repo": args.repo.resolve().name, "points": len(points), "seed": args.seed,
                "target": _model_label(engine.target), "draft": _model_label(engine.draft),
                "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
-               "adaptive": engine.adaptive,
+               "adaptive": engine.adaptive, "typing_along": args.typing_along,
                "strategies": summarize(records), "expert_load": expert_load_summary(engine)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 
 def write_markdown(results: dict, out: Path, command: str) -> None:
-    rows = ["| strategy | tau | speedup vs ar | tokens/s | p50 ms | p95 ms | p99 ms | exact | edit sim | identical to ar | accepted (trie/draft/ngram/bonus) |",
+    rows = ["| strategy | tau | speedup vs ar | tokens/s | p50 ms | p95 ms | p99 ms | exact | edit sim | identical to ar | accepted (trie/draft/ngram/history/bonus) |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, s in results["strategies"].items():
         a = s["accepted_by_source"]
@@ -13,7 +13,7 @@ def write_markdown(results: dict, out: Path, command: str) -> None:
         rows.append(f"| {name} | {tau} | {s['speedup_vs_ar']:.2f}x | {s['tokens_per_s']:.0f} | "
                     f"{s['latency_ms']['p50']:.0f} | {s['latency_ms']['p95']:.0f} | {s['latency_ms']['p99']:.0f} | "
                     f"{s['exact_match']:.2f} | {s['edit_similarity']:.2f} | {s['identical_to_ar']:.2f} | "
-                    f"{a.get('trie', 0)}/{a.get('draft', 0)}/{a.get('ngram', 0)}/{a.get('bonus', 0)} |")
+                    f"{a.get('trie', 0)}/{a.get('draft', 0)}/{a.get('ngram', 0)}/{a.get('history', 0)}/{a.get('bonus', 0)} |")
     modes = ["", "## By mode", "", "| strategy | mode | points | tau | speedup | p50 ms | p95 ms |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, s in results["strategies"].items():
         for mode, m in s.get("by_mode", {}).items():
@@ -24,6 +24,8 @@ def write_markdown(results: dict, out: Path, command: str) -> None:
             f"{results['points']} points, seed {results['seed']}, target `{results['target']}`, draft `{results['draft']}`, "
             f"machine: {results.get('machine', '')}",
             "" if results.get("adaptive", True) else "Speculating at every step (--always-speculate), whatever it costs.",
+            "Typing along (--typing-along): each point is the follow-up after typing a suggestion's first 3 characters."
+            if results.get("typing_along") else "",
             "", *rows, *modes, "",
             f"Expert load (max/mean tokens per expert, by layer): {', '.join(f'{x:.2f}' for x in load)}", "",
             "Plots: latency_cdf.png, tau_hist.png, speedup_by_length.png, expert_load.png", ""]

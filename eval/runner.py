@@ -13,8 +13,12 @@ WARMUP_POINTS = 3
 
 
 def run_points(engine, index, points: list[Point], strategies, max_tokens: int, seed: int, progress=True,
-               baselines=None) -> dict:
-    """{strategy: [per-point record]}; `ar` must be among the strategies (it is the reference)."""
+               baselines=None, typing_along: bool = False) -> dict:
+    """{strategy: [per-point record]}; `ar` must be among the strategies (it is the reference).
+
+    typing_along: each point is first completed (untimed, as the suggestion the editor shows);
+    then the user types the suggestion's first TYPED_CHARS characters, and that follow-up
+    request is what every strategy is timed on, each with the same suggestion in its history."""
     rng = random.Random(seed)
     records = {s: [] for s in strategies}
     if baselines:
@@ -22,13 +26,24 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
     for point in points[:WARMUP_POINTS]:  # warm the caches and lazy measurements, untimed
         _complete(engine, index, point, "hybrid", max_tokens)
     engine.reset_expert_load()
+    engine.forget_history(None)  # the warm-up's completions must not be found again
     for i, point in enumerate(points):
         prepare_point(index, point)
         _complete(engine, index, point, "hybrid", 0)  # prefill the prompt cache, like an editor's earlier keystrokes
+        shown = None
+        if typing_along:
+            point, shown = _typed_along(engine, index, point, max_tokens)
+            if point is None:
+                continue
         order = list(strategies)
         rng.shuffle(order)
         for strategy in order:
+            if shown is not None:
+                engine.forget_history(None)
+                engine.history.record(None, shown[0], shown[1])
             records[strategy].append(_record(point, _complete(engine, index, point, strategy, max_tokens)))
+        if not typing_along:
+            engine.forget_history(None)  # each point on its own: no strategy finds another's answer
         if baselines:
             reference = records["ar"][-1]
             for name, record in baselines.run(engine, point, reference).items():
@@ -39,6 +54,23 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
     if progress:
         print(file=sys.stderr)
     return records
+
+
+TYPED_CHARS = 3
+
+
+def _typed_along(engine, index, point: Point, max_tokens: int):
+    """(the follow-up point after typing the suggestion's first characters, (prefix, suggestion));
+    (None, None) when the suggestion is too short to type along."""
+    engine.forget_history(None)
+    suggestion = _complete(engine, index, point, "hybrid", max_tokens).text
+    if len(suggestion) <= TYPED_CHARS + 1:
+        return None, None
+    typed = suggestion[:TYPED_CHARS]
+    truth = point.truth[len(typed):] if point.truth.startswith(typed) else point.truth
+    follow = Point(point.path, point.prefix + typed, point.suffix, truth, point.mode)
+    prepare_point(index, follow)
+    return follow, (point.prefix, suggestion)
 
 
 def prepare_point(index, point: Point) -> None:

@@ -39,6 +39,18 @@ def trie_paths(index, text_before_cursor: str, path, encode, healed: str, stats,
     return paths
 
 
+def history_paths(history, document, text_before_cursor: str, encode, healed: str, stats,
+                  max_tokens: int = 32) -> list[DraftPath]:
+    """Continuations of the document's recent completions (and of the text itself) after the
+    tail of the text before the cursor; tokenized with the healed text, as trie candidates are."""
+    paths = []
+    for rank, continuation in enumerate(history.continuations(document, text_before_cursor)):
+        tokens = encode(healed + continuation)[:max_tokens]
+        if tokens:
+            paths.append(DraftPath("history", tokens, stats.chain_probs("history", len(tokens), rank)))
+    return paths
+
+
 def ngram_paths(sequence: list[int], stats, max_ngram: int = 4, max_tokens: int = 12,
                 matches: int = 3) -> list[DraftPath]:
     """Prompt lookup: continuations of the latest n-gram's earlier occurrences in the sequence."""

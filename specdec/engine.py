@@ -18,6 +18,7 @@ from specdec.budget import VerifyCost
 from specdec.fim import PromptBuilder
 from specdec.generation import Generation
 from specdec.handle import CompletionHandle
+from specdec.history import SuggestionHistory
 from specdec.loader import load_model
 from specdec.options import CompletionOptions
 from specdec.policy import PolicyBook
@@ -60,6 +61,7 @@ class Engine:
         self.prompts = PromptBuilder(target.tokenizer, fim_mode, min(1536, target.config.max_position_embeddings - 256))
         self.prompt_cache = PromptCache()
         self.policies = PolicyBook()
+        self.history = SuggestionHistory()
         self.max_tree_nodes, self.draft_depth = max_tree_nodes, draft_depth
         self.adaptive = adaptive
         self.scheduler = Scheduler(self)
@@ -142,6 +144,10 @@ class Engine:
         entries, nbytes = self.prompt_cache.nbytes()
         return EngineMetrics(self.scheduler.queue_depth(), self.target.expert_load().tolist(), entries, nbytes,
                              len(self.policies), tuple(self.scheduler.recent))
+
+    def forget_history(self, document: str | None) -> None:
+        """Drop a document's suggestion history (an evaluator's clean start)."""
+        self.history.forget(document)
 
     def reset_expert_load(self) -> None:
         self.target.reset_expert_load()

@@ -22,7 +22,7 @@ import torch
 
 from specdec.accept import Sampling, Uniforms, accept
 from specdec.budget import grow_tree, min_useful_prob
-from specdec.drafting import DraftPath, DraftRunner, ngram_paths, trie_paths
+from specdec.drafting import DraftPath, DraftRunner, history_paths, ngram_paths, trie_paths
 from specdec.model import Segment
 from specdec.options import CompletionOptions
 from specdec.policy import learn_acceptance, learn_draft
@@ -198,9 +198,12 @@ class Generation:
     def _paths(self, strategy: str, acceptance) -> list[DraftPath]:
         engine, paths = self.engine, []
         healed = self.prompt.healed_text if self.healing_pending else ""
+        before_cursor = self.options.prefix + self.text
         if strategy in ("trie", "hybrid"):
-            paths += trie_paths(engine.index, self.options.prefix + self.text, self.options.path,
-                                engine.prompts.encode, healed, acceptance)
+            paths += trie_paths(engine.index, before_cursor, self.options.path, engine.prompts.encode, healed, acceptance)
+        if strategy == "hybrid":
+            paths += history_paths(engine.history, self.options.document, before_cursor, engine.prompts.encode,
+                                   healed, acceptance)
         if strategy == "ngram":
             paths += ngram_paths(self.committed, acceptance)
         if self.draft is not None:
@@ -304,7 +307,10 @@ class Generation:
         return Result(self.current_text(), list(self.generated), Stats(**s.as_dict()), truncated)
 
     def release(self) -> None:
-        """Give the caches back to the prompt cache for the next request."""
+        """Give the caches back to the prompt cache for the next request, and the text to the
+        document's suggestion history."""
+        if self.options.strategy == "hybrid":
+            self.engine.history.record(self.options.document, self.options.prefix, self.current_text())
         worth_keeping = self.cache is not None and self.cache.length >= self.engine.prompt_cache.min_reuse
         if worth_keeping and self.options.use_prompt_cache:
             draft_cache = self.draft.cache if self.draft is not None else None

@@ -91,3 +91,21 @@ def test_always_speculate_run_is_recorded_and_stays_lossless(tiny_models, tmp_pa
     assert results["adaptive"] is False and set(results["strategies"]) == {"ar", "hybrid"}
     assert results["strategies"]["hybrid"]["identical_to_ar"] == 1.0
     assert "--always-speculate" in (out / "report.md").read_text()
+
+
+def test_typing_along_mode_times_the_follow_up(tiny_models, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for i in range(3):
+        (repo / f"m{i}.py").write_text(f"def f{i}(x):\n    value = x + {i}\n    return value * 2\n\n"
+                                       f"def g{i}(y):\n    return f{i}(y) + {i}\n")
+    out = tmp_path / "out"
+    rc = eval_main(["run", "--repo", str(repo), "--points", "6", "--seed", "2", "--out", str(out), "--mode", "multi",
+                    "--target", str(tiny_models[0]), "--draft", str(tiny_models[1]), "--max-tokens", "16",
+                    "--strategies", "ar,hybrid", "--typing-along", "--always-speculate"])
+    assert rc == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["typing_along"] is True
+    hybrid = results["strategies"]["hybrid"]
+    assert hybrid["points"] >= 3 and hybrid["identical_to_ar"] == 1.0
+    assert hybrid["accepted_by_source"]["history"] > 0 and hybrid["tau"] > 1.5

@@ -123,3 +123,19 @@ def test_engine_metrics_report_finished_requests(engine):
     record = metrics.recent[-1]
     assert record.document == "doc-metrics" and record.stop_reason is not None and record.tokens <= 2
     assert metrics.queue_depth == 0 and len(metrics.expert_load) == 2 and metrics.documents >= 1
+
+
+def test_typing_along_a_suggestion_is_proposed_from_history(tiny_models):
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), adaptive=False)
+    accepted, steps = 0, 0
+    for _path, prefix, suffix in code_prompts(6, seed=31, before=500, after=100):
+        shown = engine.complete(prefix, suffix, max_tokens=24, mode="multi", document="doc.py")
+        if len(shown.text) < 8:
+            continue
+        typed = prefix + shown.text[:3]
+        reference = engine.complete(typed, suffix, strategy="ar", max_tokens=16, mode="multi", document="other.py")
+        follow = engine.complete(typed, suffix, strategy="hybrid", max_tokens=16, mode="multi", document="doc.py")
+        assert follow.tokens == reference.tokens  # lossless like every source
+        accepted += follow.stats.accepted_by_source["history"]
+        steps += 1
+    assert steps >= 3 and accepted >= 4 * steps, (accepted, steps)

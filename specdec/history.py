@@ -1,0 +1,69 @@
+"""Suggestion history: the recent completions of each document, as a source of speculation.
+
+An editor asks again and again around the same place: the user types the first characters of
+the suggestion just shown, backspaces and retypes, accepts one line and continues, or the client
+repeats a request. Each time the answer is very likely the rest of an earlier completion. So each
+document keeps the text before the cursor and the completion of its recent requests, and at every
+step the tail of the current text (the text before the cursor plus what has been generated) is
+looked up in them, longest match first, as SuffixDecoding does with its suffix trees. The tail is
+also looked up earlier in the current text itself (code repeats within a file).
+
+Matching is on text, not tokens, so a tail typed by the user matches a completion the model
+tokenized differently. The target verifies every proposal, so the output never changes.
+"""
+
+import threading
+from collections import OrderedDict, deque
+
+CONTEXT_CHARS = 600  # of text before the cursor kept with each completion
+MATCH_LENGTHS = (48, 24, 12)  # characters of tail tried, longest first
+MIN_CONTINUATION = 2
+SELF_SEARCH_CHARS = 20_000  # of the current text searched for an earlier occurrence of its tail
+
+
+class SuggestionHistory:
+    def __init__(self, per_document: int = 8, max_documents: int = 256):
+        self.per_document, self.max_documents = per_document, max_documents
+        self._texts: OrderedDict = OrderedDict()  # document -> deque of texts, newest last
+        self._lock = threading.Lock()
+
+    def record(self, document: str | None, text_before_cursor: str, completion: str) -> None:
+        """Keep a finished (or superseded) completion with the text that led to it."""
+        if not completion.strip():
+            return
+        with self._lock:
+            texts = self._texts.get(document)
+            if texts is None:
+                texts = self._texts[document] = deque(maxlen=self.per_document)
+                while len(self._texts) > self.max_documents:
+                    self._texts.popitem(last=False)
+            self._texts.move_to_end(document)
+            texts.append(text_before_cursor[-CONTEXT_CHARS:] + completion)
+
+    def forget(self, document: str | None) -> None:
+        with self._lock:
+            self._texts.pop(document, None)
+
+    def continuations(self, document: str | None, text: str, k: int = 3, max_chars: int = 160) -> list[str]:
+        """Up to k distinct texts that followed the tail of `text` before, best first: the longest
+        matching tail, then the most recent history, then the text itself."""
+        with self._lock:
+            stored = list(reversed(self._texts.get(document, ())))
+        found, seen = [], set()
+        for length in MATCH_LENGTHS:
+            if len(text) < length:
+                continue
+            tail = text[-length:]
+            for source in stored + [text[-SELF_SEARCH_CHARS:-1]]:
+                at = source.rfind(tail)
+                if at < 0:
+                    continue
+                continuation = source[at + length : at + length + max_chars]
+                if len(continuation) >= MIN_CONTINUATION and continuation not in seen:
+                    seen.add(continuation)
+                    found.append(continuation)
+                    if len(found) >= k:
+                        return found
+            if found:
+                return found
+        return found
