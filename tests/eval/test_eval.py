@@ -59,12 +59,17 @@ def test_no_leakage_after_the_cursor(tmp_path):
         assert all("unique_future" not in c.text and "secret" not in c.text for c in index.propose(probe))
 
 
-def test_tiny_end_to_end_run(tiny_models, tmp_path):
+def _tiny_repo(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
     for i in range(3):
         (repo / f"m{i}.py").write_text(f"def f{i}(x):\n    value = x + {i}\n    return value * 2\n\n"
                                        f"def g{i}(y):\n    return f{i}(y) + {i}\n")
+    return repo
+
+
+def test_tiny_end_to_end_run(tiny_models, tmp_path):
+    repo = _tiny_repo(tmp_path)
     out = tmp_path / "out"
     rc = eval_main(["run", "--repo", str(repo), "--points", "4", "--seed", "1", "--out", str(out),
                     "--target", str(tiny_models[0]), "--draft", str(tiny_models[1]), "--max-tokens", "8"])
@@ -94,11 +99,7 @@ def test_always_speculate_run_is_recorded_and_stays_lossless(tiny_models, tmp_pa
 
 
 def test_typing_along_mode_times_the_follow_up(tiny_models, tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for i in range(3):
-        (repo / f"m{i}.py").write_text(f"def f{i}(x):\n    value = x + {i}\n    return value * 2\n\n"
-                                       f"def g{i}(y):\n    return f{i}(y) + {i}\n")
+    repo = _tiny_repo(tmp_path)
     out = tmp_path / "out"
     rc = eval_main(["run", "--repo", str(repo), "--points", "6", "--seed", "2", "--out", str(out), "--mode", "multi",
                     "--target", str(tiny_models[0]), "--draft", str(tiny_models[1]), "--max-tokens", "16",
