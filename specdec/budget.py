@@ -26,17 +26,21 @@ class VerifyCost:
         self.sizes, self.millis = list(sizes), list(millis)
 
     @classmethod
-    def measure(cls, model, context: int = 512, repeats: int = 3) -> "VerifyCost":
-        cache = model.new_cache(context + max(SIZES))
-        ids = torch.zeros(context, dtype=torch.long)
-        model(ids, torch.arange(context), [Segment(cache, context)])
+    def measure(cls, model, context: int = 512, repeats: int = 3, sample_ids=None) -> "VerifyCost":
+        """sample_ids: real code tokens. An MoE's cost depends on how many experts the tokens
+        wake, and identical (e.g. zero) ids all route alike, which understates a real tree."""
+        need = context + max(SIZES)
+        ids = torch.as_tensor(list(sample_ids or ()) or [0], dtype=torch.long)
+        ids = ids.repeat(need // len(ids) + 1)[:need]
+        cache = model.new_cache(need)
+        model(ids[:context], torch.arange(context), [Segment(cache, context)])
         cache.keep_all()
         millis = []
         for n in SIZES:
             times = []
             for _ in range(repeats):
                 t = time.perf_counter()
-                model(torch.zeros(n, dtype=torch.long), torch.arange(context, context + n), [Segment(cache, n)])
+                model(ids[context : context + n], torch.arange(context, context + n), [Segment(cache, n)])
                 times.append((time.perf_counter() - t) * 1000)
             millis.append(statistics.median(times))
         # Costs are noisy; force them non-decreasing so marginal costs are never negative.

@@ -28,6 +28,9 @@ from specdec.scheduler import Scheduler
 log = logging.getLogger("specdec.engine")
 
 
+_SAMPLE_CODE = Path(__file__).resolve().parent / "scheduler.py"  # real code tokens to time forwards with
+
+
 def default_model_dir() -> Path:
     """The embedded default models: target/ and draft/, each a complete HF-layout directory."""
     return Path(__file__).resolve().parent / "default_models"
@@ -89,13 +92,16 @@ class Engine:
     def warm_up(self) -> None:
         """Measure the target's verify cost by tree size and the draft's relative cost (about 30
         forwards), before any request is timed. Idempotent."""
+        if self.verify_cost is not None and self.draft_min_prob is not None:
+            return
+        sample = self.prompts.encode(_SAMPLE_CODE.read_text(encoding="utf-8"))
         if self.verify_cost is None:
-            self.verify_cost = VerifyCost.measure(self.target)
+            self.verify_cost = VerifyCost.measure(self.target, sample_ids=sample)
             log.info("verify cost (ms) by tree size: %s", json.dumps(self.verify_costs()))
         if self.draft_min_prob is None:
             ratio = 0.1
             if self.draft is not None:
-                ratio = VerifyCost.measure(self.draft, repeats=3)(1) / self.verify_cost(1)
+                ratio = VerifyCost.measure(self.draft, repeats=3, sample_ids=sample)(1) / self.verify_cost(1)
             # Draft while a token's acceptance chance pays for its draft forward.
             self.draft_min_prob = min(0.5, max(0.05, ratio))
 

@@ -133,16 +133,24 @@ class Scheduler:
         self._reap()
         self._admit()
         chunks = self._prefill_chunks()
-        trees = [(g, g.propose()) for g in self._decoding()]
+        trees, proposing_ms = [], []
+        for g in self._decoding():
+            started = time.perf_counter()
+            trees.append((g, g.propose()))
+            proposing_ms.append((time.perf_counter() - started) * 1000)
         if chunks or trees:
-            self._forward(chunks, trees)
+            self._forward(chunks, trees, proposing_ms)
         self.steps += 1
         self._reap()
 
-    def _forward(self, chunks, trees) -> None:
+    def _forward(self, chunks, trees, proposing_ms=()) -> None:
         """ONE target forward over the prompt chunks and the token trees of this step: on a
         memory-bound machine the experts' weights are read once for both, so a prefill chunk
-        rides along with the decoding requests for little more than its own tokens."""
+        rides along with the decoding requests for little more than its own tokens.
+
+        A request's step time, which decides whether it speculates, is its share of the forward
+        plus its own proposing (draft forwards and lookups): speculation must beat a plain step
+        with its drafting paid."""
         started = time.perf_counter()
         parts = [part for _, part in chunks] + [g.segment(tree) for g, tree in trees]
         tokens, positions, segments = zip(*parts, strict=True)
@@ -161,9 +169,10 @@ class Scheduler:
                     self.active.append(g)
         if trees:
             share = (time.perf_counter() - started) * 1000 / len(trees)
-            for (g, _), count in zip(trees, added, strict=True):
+            proposing_ms = list(proposing_ms) or [0.0] * len(trees)
+            for (g, _), count, own_ms in zip(trees, added, proposing_ms, strict=True):
                 if g.options.strategy != "ar":
-                    learn_step(g.policies, g.options.strategy, g.speculating, share, count)
+                    learn_step(g.policies, g.options.strategy, g.speculating, share + own_ms, count)
 
     def _decoding(self) -> list:
         """The decoding requests stepped now: the oldest first. With an MoE on a memory-bound
