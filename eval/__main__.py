@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     r.add_argument("--always-speculate", action="store_true",
                    help="speculate at every step with every node the sources offer (up to the tree budget), even where "
                         "measured plain steps are faster: acceptance of the sources themselves, apart from the hardware")
+    r.add_argument("--context", default="auto",
+                   help="auto,none: every strategy with and without retrieved repository context, side by side")
     r.add_argument("--typing-along", action="store_true",
                    help="time the follow-up request after the user types the first 3 characters of each suggestion")
     c = sub.add_parser("compare", help="print the differences between two results.json files")
@@ -50,6 +52,9 @@ def _run(args, argv) -> int:
     from specdec import Engine, default_model_dir
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    contexts = tuple(c.strip() for c in args.context.split(",") if c.strip())
+    if not contexts or any(c not in ("auto", "none") for c in contexts):
+        raise ValueError(f"--context {args.context!r}: expected auto, none or both (auto,none)")
     if "ar" not in strategies:
         strategies.insert(0, "ar")
     if not args.repo.is_dir():
@@ -66,7 +71,7 @@ def _run(args, argv) -> int:
         baselines = HFBaselines(args.target or default_model_dir() / "target",
                                 args.draft or (default_model_dir() / "draft" if args.target is None else None))
     records = run_points(engine, index, points, strategies, args.max_tokens, args.seed, baselines=baselines,
-                         typing_along=args.typing_along)
+                         typing_along=args.typing_along, contexts=contexts)
     results = {"repo": args.repo.resolve().name, "points": len(points), "seed": args.seed,
                "target": _model_label(engine.target), "draft": _model_label(engine.draft),
                "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",

@@ -19,6 +19,16 @@ def write_markdown(results: dict, out: Path, command: str) -> None:
         for mode, m in s.get("by_mode", {}).items():
             modes.append(f"| {name} | {mode} | {m['points']} | {m['tau']:.2f} | {m['speedup_vs_ar']:.2f}x | "
                          f"{m['latency_ms']['p50']:.0f} | {m['latency_ms']['p95']:.0f} |")
+    contexts = ["", "## Repository context", "", "| variant | chunks per point | tokens per point | retrieval p50 ms | p95 ms |",
+                "| --- | --- | --- | --- | --- |"]
+    for name, s in results["strategies"].items():
+        c = s.get("context")
+        if c and c["chunks_per_point"]:
+            timing = c["retrieval_ms"] or {"p50": 0.0, "p95": 0.0}
+            contexts.append(f"| {name} | {c['chunks_per_point']:.1f} | {c['tokens_per_point']:.0f} | "
+                            f"{timing['p50']:.2f} | {timing['p95']:.2f} |")
+    if len(contexts) == 5:
+        contexts = []
     load = results.get("expert_load", {}).get("max_over_mean_per_layer", [])
     text = [f"# Evaluation: {results['repo']}", "", f"`{command}`", "",
             f"{results['points']} points, seed {results['seed']}, target `{results['target']}`, draft `{results['draft']}`, "
@@ -26,7 +36,7 @@ def write_markdown(results: dict, out: Path, command: str) -> None:
             "" if results.get("adaptive", True) else "Speculating at every step (--always-speculate), whatever it costs.",
             "Typing along (--typing-along): each point is the follow-up after typing a suggestion's first 3 characters."
             if results.get("typing_along") else "",
-            "", *rows, *modes, "",
+            "", *rows, *modes, *contexts, "",
             f"Expert load (max/mean tokens per expert, by layer): {', '.join(f'{x:.2f}' for x in load)}", "",
             "Plots: latency_cdf.png, tau_hist.png, speedup_by_length.png, expert_load.png", ""]
     (out / "report.md").write_text("\n".join(text))

@@ -12,15 +12,27 @@ from eval.points import Point
 WARMUP_POINTS = 3
 
 
+def variant_name(strategy: str, context: str, contexts) -> str:
+    """The strategy under the first context; "strategy@context" under the others."""
+    return strategy if context == contexts[0] else f"{strategy}@{context}"
+
+
+def reference_name(name: str) -> str:
+    """`ar` under the same context: what a variant's losslessness and speed are measured against."""
+    return "ar" + name[name.index("@"):] if "@" in name else "ar"
+
+
 def run_points(engine, index, points: list[Point], strategies, max_tokens: int, seed: int, progress=True,
-               baselines=None, typing_along: bool = False) -> dict:
-    """{strategy: [per-point record]}; `ar` must be among the strategies (it is the reference).
+               baselines=None, typing_along: bool = False, contexts=("auto",)) -> dict:
+    """{variant: [per-point record]}; `ar` must be among the strategies (it is the reference).
+    A variant is a strategy under one of `contexts` (repository retrieval "auto" or "none").
 
     typing_along: each point is first completed (untimed, as the suggestion the editor shows);
     then the user types the suggestion's first TYPED_CHARS characters, and that follow-up
     request is what every strategy is timed on, each with the same suggestion in its history."""
     rng = random.Random(seed)
-    records = {s: [] for s in strategies}
+    variants = [(s, c) for c in contexts for s in strategies]
+    records = {variant_name(s, c, contexts): [] for s, c in variants}
     if baselines:
         records.update({name: [] for name in baselines.names})
     for point in points[:WARMUP_POINTS]:  # warm the caches and lazy measurements, untimed
@@ -35,13 +47,14 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
             point, shown = _typed_along(engine, index, point, max_tokens)
             if point is None:
                 continue
-        order = list(strategies)
+        order = list(variants)
         rng.shuffle(order)
-        for strategy in order:
+        for strategy, context in order:
             if shown is not None:
                 engine.forget_history(None)
                 engine.history.record(None, shown[0], shown[1])
-            records[strategy].append(_record(point, _complete(engine, index, point, strategy, max_tokens)))
+            result = _complete(engine, index, point, strategy, max_tokens, context)
+            records[variant_name(strategy, context, contexts)].append(_record(point, result))
         if not typing_along:
             engine.forget_history(None)  # each point on its own: no strategy finds another's answer
         if baselines:
@@ -78,9 +91,9 @@ def prepare_point(index, point: Point) -> None:
     index.update(point.path, point.prefix)
 
 
-def _complete(engine, index, point: Point, strategy: str, max_tokens: int):
+def _complete(engine, index, point: Point, strategy: str, max_tokens: int, context: str = "auto"):
     return engine.complete(point.prefix, point.suffix, strategy=strategy, mode=point.mode, max_tokens=max_tokens,
-                           path=point.path)
+                           path=point.path, context=context)
 
 
 def _record(point: Point, result) -> dict:
@@ -88,13 +101,14 @@ def _record(point: Point, result) -> dict:
     return {"path": point.path, "mode": point.mode, "text": result.text, "tokens": result.tokens,
             "truth": point.truth, "ms": s.total_ms, "decode_ms": s.decode_ms, "passes": s.target_passes,
             "generated": s.generated_tokens, "accepted_by_source": dict(s.accepted_by_source),
-            "prefill_tokens": s.prefill_tokens, "stop_reason": s.stop_reason}
+            "prefill_tokens": s.prefill_tokens, "stop_reason": s.stop_reason,
+            "context_chunks": s.context_chunks, "context_tokens": s.context_tokens, "retrieval_ms": s.retrieval_ms}
 
 
 def summarize(records: dict) -> dict:
-    reference = records["ar"]
     out = {}
     for name, rows in records.items():
+        reference = records[reference_name(name)] if reference_name(name) in records else records["ar"]
         passes = sum(r["passes"] for r in rows)
         generated = sum(r["generated"] for r in rows)
         decode_s = sum(r["decode_ms"] for r in rows) / 1000
@@ -117,8 +131,18 @@ def summarize(records: dict) -> dict:
             if rows else 0.0,
             "accepted_by_source": by_source,
             "by_mode": _by_mode(rows, reference),
+            "context": _context_summary(rows),
         }
     return out
+
+
+def _context_summary(rows) -> dict:
+    """Repository context per point: chunks and tokens in the prompt, retrieval time when it ran."""
+    timed = [r["retrieval_ms"] for r in rows if r.get("retrieval_ms")]
+    count = max(1, len(rows))
+    return {"chunks_per_point": sum(r.get("context_chunks", 0) for r in rows) / count,
+            "tokens_per_point": sum(r.get("context_tokens", 0) for r in rows) / count,
+            "retrieval_ms": {"p50": percentile(timed, 0.5), "p95": percentile(timed, 0.95)} if timed else None}
 
 
 def _by_mode(rows, reference) -> dict:

@@ -2,6 +2,7 @@
 
 from prefixcache.index import Index
 from prefixcache.propose import Candidate
+from prefixcache.retrieve import Chunk
 from prefixcache.store import IndexFormatError
 
-__all__ = ["Index", "Candidate", "IndexFormatError"]
+__all__ = ["Index", "Candidate", "Chunk", "IndexFormatError"]

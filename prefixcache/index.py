@@ -12,6 +12,7 @@ from prefixcache.build import build_tables, content_hash
 from prefixcache.extract import extract
 from prefixcache.files import list_files, read_source
 from prefixcache.overlay import Overlay
+from prefixcache.retrieve import Chunk, Retriever
 from prefixcache.store import StaticIndex, read_manifest, write_index
 from prefixcache.tables import MULTI_FILE
 
@@ -29,6 +30,8 @@ class Index:
         self.lock = threading.RLock()  # the server updates while the scheduler proposes
         self._compacting = threading.Lock()  # held by the one compaction running
         self._relative_paths = {}  # path as given -> relative path (absolute ones resolve symlinks once)
+        self._retriever = None  # built on first use: it holds every file's text
+        self._pending_texts = {}  # updates (text) and removals (None) made before it was built
 
     # building, loading, saving ------------------------------------------------------------
 
@@ -92,6 +95,7 @@ class Index:
             self._tombstone(rel)
             self.overlay.add(rel, found)
             grown = len(self.overlay) > COMPACT_UNITS
+            self._retriever_update(rel, text)
         if grown:
             self._compact_soon()
 
@@ -100,6 +104,15 @@ class Index:
         with self.lock:
             self._tombstone(rel)
             self.overlay.remove(rel)
+            self._retriever_update(rel, None)
+
+    def _retriever_update(self, rel: str, text: str | None) -> None:
+        if self._retriever is None:
+            self._pending_texts[rel] = text
+        elif text is None:
+            self._retriever.remove(rel)
+        else:
+            self._retriever.update(rel, text)
 
     def _tombstone(self, rel: str) -> None:
         i = self.file_index.get(rel)
@@ -154,6 +167,36 @@ class Index:
             self.overlay = compaction.carried_over(snap, self.overlay, files)
             self.static, self.files = static, files
             self.file_index = {f["path"]: i for i, f in enumerate(files)}
+
+    # retrieving ---------------------------------------------------------------------------
+
+    @property
+    def retriever(self) -> Retriever:
+        """The repository's windows and definitions (read from disk the first time)."""
+        with self.lock:
+            if self._retriever is None:
+                retriever = Retriever()
+                for f in self.files:
+                    if f["path"] not in self._pending_texts:
+                        text = read_source(self.root, f["path"], Counter())
+                        if text is not None:
+                            retriever.update(f["path"], text, edited=False)
+                for rel, text in self._pending_texts.items():
+                    if text is not None:
+                        retriever.update(rel, text, edited=False)
+                self._retriever, self._pending_texts = retriever, {}
+            return self._retriever
+
+    def prepare_retrieval(self) -> int:
+        """Read every file for retrieval now (a server does it in the background); returns the windows."""
+        return self.retriever.window_count
+
+    def retrieve(self, before: str, after: str = "", path=None, budget_chars: int = 4000) -> list[Chunk]:
+        """Chunks of other files for the prompt at a cursor (see retrieve.py), most relevant last."""
+        rel = self.relative(path) if path else None
+        candidates = [(c.source, (proposer.cursor_context(before)[0] + c.text).strip())
+                      for c in self.propose(before, path=path, k=3) if c.source]
+        return self.retriever.retrieve(before, after, rel, budget_chars, candidates)
 
     # proposing ----------------------------------------------------------------------------
 

@@ -71,6 +71,7 @@ def _build_index(state: AppState) -> None:
         log.exception("indexing failed")
         state.index_status = {"state": "failed", "error": str(err)}
         return
+    idx.prepare_retrieval()  # read the files for retrieval before the index serves its first request
     state.engine.index = idx
     state.index_status = {"state": "ready", **{k: idx.summary.get(k) for k in ("indexed", "units", "build_seconds")}}
     log.info("index ready: %s", state.index_status)

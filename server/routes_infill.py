@@ -13,7 +13,8 @@ router = APIRouter()
 STOP_TYPES = {"eos": "eos", "newline": "eos", "dedent": "eos", "suffix": "eos", "repeat": "eos", "limit": "limit", "time": "limit",
               "word": "word"}
 SPECULATION_FIELDS = ("target_passes", "generated_tokens", "tau", "accepted_by_source", "prefill_tokens",
-                      "cached_tokens", "prefill_ms", "decode_ms", "total_ms", "stop_reason")
+                      "cached_tokens", "prefill_ms", "decode_ms", "total_ms", "stop_reason", "context_chunks",
+                      "context_tokens", "retrieval_ms")
 
 
 @router.post("/infill")

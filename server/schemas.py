@@ -110,10 +110,17 @@ def infill_request(body: dict, settings: Settings) -> dict:
         max_tokens=_tokens(body, "n_predict", 128, settings), n_indent=n_indent or None, stop=_stop_list(body),
         time_budget_ms=t_max, time_budget_after_newline=True,
         use_prompt_cache=_get(body, "cache_prompt", (bool,), True, none_ok=True),
-        path=_get(body, "path", (str,), None, none_ok=True), **_sampling(body, 0.0, True),
+        path=_get(body, "path", (str,), None, none_ok=True), context=_context(body), **_sampling(body, 0.0, True),
     )
     stream = _get(body, "stream", (bool,), False, none_ok=True)
     return {"options": options, "stream": stream, "response_fields": fields}
+
+
+def _context(body) -> str:
+    value = _get(body, "context", (str,), "auto", none_ok=True)
+    if value not in ("auto", "none"):
+        raise ApiError(400, "'context' must be \"auto\" (retrieve repository context) or \"none\"", "context")
+    return value
 
 
 def _extra(body, settings: Settings):
@@ -155,5 +162,5 @@ def completions_request(body: dict, settings: Settings) -> dict:
     model = _get(body, "model", (str,), settings.model_name, none_ok=True)
     options = _options(prefix=prompt, suffix=suffix, max_tokens=_tokens(body, "max_tokens", 16, settings),
                        stop=_stop_list(body), seed=_get(body, "seed", (int,), 0, none_ok=True),
-                       **_sampling(body, 0.0, False))
+                       context=_context(body), **_sampling(body, 0.0, False))
     return {"options": options, "stream": _get(body, "stream", (bool,), False, none_ok=True), "model": model}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from specdec.config import ConfigError
 from specdec.loader import CheckpointError
-from specdec.options import MODES, STRATEGIES, CompletionOptions
+from specdec.options import CONTEXTS, MODES, STRATEGIES, CompletionOptions
 
 COMMAND_GROUP = "specdec.commands"
 
@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     c.add_argument("--temperature", type=float, default=0.0)
     c.add_argument("--target", type=Path)
     c.add_argument("--draft", type=Path)
+    c.add_argument("--context", choices=CONTEXTS, default="auto",
+                   help="auto: put retrieved repository code in the prompt (with --repo or --index); none: do not")
     c.add_argument("--json", action="store_true", help="print text and statistics as JSON")
     commands = registered_commands()
     for name, command in sorted(commands.items()):
@@ -86,7 +88,7 @@ def _complete(args) -> int:
         except ValueError:
             path = None
     options = CompletionOptions(prefix, suffix, max_tokens=args.max_tokens, temperature=args.temperature,
-                                strategy=args.strategy, mode=args.mode, path=path)
+                                strategy=args.strategy, mode=args.mode, path=path, context=args.context)
     result = engine.submit(options).result()
     if args.json:
         print(json.dumps({"text": result.text, "tokens": result.tokens, "stats": result.stats.as_dict()}))

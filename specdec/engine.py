@@ -23,6 +23,7 @@ from specdec.loader import load_model
 from specdec.options import CompletionOptions
 from specdec.policy import PolicyBook
 from specdec.prompt_cache import PromptCache
+from specdec.retrieval import StableContext
 from specdec.scheduler import Scheduler
 
 log = logging.getLogger("specdec.engine")
@@ -65,6 +66,7 @@ class Engine:
         self.prompt_cache = PromptCache()
         self.policies = PolicyBook()
         self.history = SuggestionHistory()
+        self.contexts = StableContext()
         self.max_tree_nodes, self.draft_depth = max_tree_nodes, draft_depth
         self.adaptive = adaptive
         self.scheduler = Scheduler(self)

@@ -34,6 +34,8 @@ class Prompt:
     healed_text: str  # text taken back out of the prompt by token healing ("" if none)
     allowed_first: list[int] | None  # token ids allowed as the first generated token (healing)
     truncated: bool  # context or prefix had to be cut to fit
+    context_chunks: int = 0  # chunks that went into the prompt
+    context_tokens: int = 0
 
 
 class PromptBuilder:
@@ -55,10 +57,13 @@ class PromptBuilder:
     def encode(self, text: str) -> list[int]:
         return self._encoding(text).ids if text else []
 
-    def build(self, prefix: str, suffix: str = "", extra=(), path: str | None = None, heal: bool = True) -> Prompt:
+    def build(self, prefix: str, suffix: str = "", extra=(), path: str | None = None, heal: bool = True,
+              reserve: int = 0) -> Prompt:
+        """reserve: tokens kept for the context chunks however long the file is (a fixed number,
+        so that the prefix's cut, and with it the prompt cache, stays put keystroke after keystroke)."""
         sp = self.special
         suffix_ids = self.encode(suffix)
-        budget = self.max_tokens - 4
+        budget = self.max_tokens - 4 - min(reserve, self.max_tokens // 2)
         keep_suffix = min(len(suffix_ids), budget // 4)
         prefix_ids, truncated = self._prefix_within(prefix, budget - keep_suffix, len(suffix_ids))
         if truncated:
@@ -66,13 +71,13 @@ class PromptBuilder:
         healed, allowed = "", None
         if heal and prefix_ids:
             prefix_ids, healed, allowed = self._heal(prefix_ids)
-        context = self._context(extra, budget - len(prefix_ids) - len(suffix_ids))
+        context = self._context(extra, self.max_tokens - 4 - len(prefix_ids) - len(suffix_ids))
         truncated |= context[1]
         if self.fim_mode == "psm":
             ids = [sp[FIM_PREFIX], *prefix_ids, sp[FIM_SUFFIX], *suffix_ids, sp[FIM_MIDDLE]]
         else:
             ids = [sp[FIM_PREFIX], sp[FIM_SUFFIX], *suffix_ids, sp[FIM_MIDDLE], *prefix_ids]
-        return Prompt(context[0] + ids, healed, allowed, truncated)
+        return Prompt(context[0] + ids, healed, allowed, truncated, context[2], len(context[0]))
 
     def _prefix_within(self, prefix: str, keep: int, suffix_len: int) -> tuple[list[int], bool]:
         """The prefix's tokens, cut at the front when prefix and suffix do not fit the budget.
@@ -131,13 +136,14 @@ class PromptBuilder:
         for item in extra:
             filename, text = (item["filename"], item["text"]) if isinstance(item, dict) else item
             chunks.append([self.special[FILE_SEP], *self.encode(f"{filename}\n{text}")])
-        out, truncated = [], False
+        out, truncated, kept = [], False, 0
         for chunk in reversed(chunks):
             if len(out) + len(chunk) > budget:
                 truncated = True
                 break
             out = chunk + out
-        return out, truncated
+            kept += 1
+        return out, truncated, kept
 
 
 def _line_start_at_or_after(text: str, position: int) -> int:

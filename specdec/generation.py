@@ -26,6 +26,7 @@ from specdec.drafting import DraftPath, DraftRunner, history_paths, ngram_paths,
 from specdec.model import Segment
 from specdec.options import CompletionOptions
 from specdec.policy import learn_acceptance, learn_draft
+from specdec.retrieval import CONTEXT_RESERVE_TOKENS
 from specdec.stats import Stats
 from specdec.stops import StopCut, rules_for
 from specdec.tree import TokenTree
@@ -130,7 +131,12 @@ class Generation:
     def begin(self) -> None:
         """Build the prompt and take its longest cached prefix; the rest is fed by prefill_segment()."""
         engine, options = self.engine, self.options
-        self.prompt = engine.prompts.build(options.prefix, options.suffix, options.extra, options.path)
+        extra, reserve = options.extra, 0
+        if options.context == "auto" and engine.index is not None:
+            retrieved, self.stats.retrieval_ms = engine.contexts.chunks(engine.index, options)
+            extra, reserve = tuple(options.extra) + retrieved, CONTEXT_RESERVE_TOKENS
+        self.prompt = engine.prompts.build(options.prefix, options.suffix, extra, options.path, reserve=reserve)
+        self.stats.context_chunks, self.stats.context_tokens = self.prompt.context_chunks, self.prompt.context_tokens
         self.committed = ids = list(self.prompt.ids)
         entry, common = engine.prompt_cache.take(ids) if options.use_prompt_cache else (None, 0)
         if entry is not None:

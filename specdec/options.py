@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 STRATEGIES = ("ar", "draft", "ngram", "trie", "hybrid")
 MODES = ("auto", "single", "multi")
+CONTEXTS = ("auto", "none")
 
 
 class OptionsError(ValueError):
@@ -33,12 +34,15 @@ class CompletionOptions:
     time_budget_after_newline: bool = False  # llama.cpp: t_max_predict_ms only ends a completion after a newline
     use_prompt_cache: bool = True
     document: str | None = None  # requests for the same document supersede each other
+    context: str = "auto"  # auto: retrieve repository context when an index is attached; none: only `extra`
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
             raise OptionsError(f"strategy {self.strategy!r}: expected one of {', '.join(STRATEGIES)}")
         if self.mode not in MODES:
             raise OptionsError(f"mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.context not in CONTEXTS:
+            raise OptionsError(f"context {self.context!r}: expected one of {', '.join(CONTEXTS)}")
         if self.max_tokens < 0:
             raise OptionsError("max_tokens must be >= 0")
         if self.temperature < 0:

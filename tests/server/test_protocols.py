@@ -96,3 +96,14 @@ def test_infill_stopping_word_names_the_string_that_matched(live):
     stopped = httpx.post(f"{live.url}/infill", json=dict(body, stop=["\u0000never", word]), timeout=60).json()
     assert stopped["stop_type"] == "word" and stopped["stopping_word"] == word
     assert stopped["content"] == free["content"][: free["content"].find(word)]
+
+
+def test_infill_retrieves_repository_context_unless_asked_not_to(live):
+    body = dict(VSCODE_BODY, input_prefix="from pkg.store import Store\n\ns = Store()\n", prompt="value = s.get(",
+                input_suffix="\n", input_extra=[], path="pkg/use.py", cache_prompt=False)
+    on = httpx.post(f"{live.url}/infill", json=body, timeout=60).json()["speculation"]
+    off = httpx.post(f"{live.url}/infill", json=dict(body, context="none"), timeout=60).json()["speculation"]
+    assert on["context_chunks"] >= 1 and on["context_tokens"] > 0
+    assert off["context_chunks"] == 0 and off["context_tokens"] == 0
+    bad = httpx.post(f"{live.url}/infill", json=dict(body, context="everything"), timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "context"

@@ -1,0 +1,90 @@
+"""Retrieval: definitions across files, similar code, near-duplicates dropped, the budget kept,
+and a context that stays put while the user types on one line."""
+
+import pytest
+
+from prefixcache import Index
+from specdec import Engine, load_model
+
+STORE = '''import redis
+
+
+class Store:
+    """A key-value store over redis."""
+
+    def __init__(self, url):
+        self.redis_client = redis.from_url(url)
+
+    def get_item(self, key, default=None):
+        value = self.redis_client.get(key)
+        return default if value is None else value.decode()
+
+    def put_item(self, key, value):
+        self.redis_client.set(key, value)
+'''
+APP = '''from pkg.store import Store
+
+
+def main():
+    store = Store("redis://localhost")
+    store.put_item("a", "1")
+    print(store.get_item(
+'''
+REPORT = "\n".join(f"def report_{i}(rows):\n    total = sum(row.amount for row in rows)\n    return total * {i}\n"
+                   for i in range(12))
+
+
+@pytest.fixture()
+def repo(tmp_path):
+    for rel, text in {"pkg/store.py": STORE, "pkg/app.py": APP, "pkg/report.py": REPORT,
+                      "pkg/report_copy.py": REPORT.replace("* 3", "* 33")}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return tmp_path
+
+
+def test_definitions_of_imported_names_are_found_across_files(repo):
+    index = Index.build(repo, workers=1)
+    chunks = index.retrieve(APP, "", path="pkg/app.py", budget_chars=2000)
+    texts = "\n".join(c.text for c in chunks)
+    assert "def get_item(self, key, default=None):" in texts and "def put_item(self, key, value):" in texts
+    assert all(c.path != "pkg/app.py" for c in chunks)
+    assert chunks[-1].kind == "definition"  # the most relevant goes last, nearest the file
+
+
+def test_a_near_duplicate_of_the_neighbourhood_is_not_packed(repo):
+    index = Index.build(repo, workers=1)
+    before = REPORT[: REPORT.index("def report_7")]
+    chunks = index.retrieve(before, REPORT[len(before):], path="pkg/report.py", budget_chars=4000)
+    assert all(c.path != "pkg/report_copy.py" for c in chunks), [c.path for c in chunks]
+
+
+@pytest.mark.parametrize("budget", [0, 60, 200, 4000])
+def test_the_budget_is_never_exceeded(repo, budget):
+    index = Index.build(repo, workers=1)
+    chunks = index.retrieve(APP, "", path="pkg/app.py", budget_chars=budget)
+    assert sum(len(c.text) for c in chunks) <= budget
+
+
+def test_recent_edits_of_other_files_are_offered(repo):
+    index = Index.build(repo, workers=1)
+    assert index.prepare_retrieval() > 0  # built before the edit, as a running server's is
+    index.update("pkg/store.py", STORE + "\n    def delete_item(self, key):\n        self.redis_client.delete(key)\n")
+    chunks = index.retrieve("import os\n\n\ndef unrelated():\n    ", "", path="pkg/other.py", budget_chars=4000)
+    assert any(c.kind == "recent" and "delete_item" in c.text for c in chunks)
+
+
+def test_context_stays_the_same_across_keystrokes_on_one_line(repo, tiny_models):
+    index = Index.build(repo, workers=1)
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), index)
+    line = "    value = store.get_item("
+    results = [engine.complete(APP + line[:n], "\n", max_tokens=4, path="pkg/app.py", document="app")
+               for n in range(10, len(line))]
+    assert results[0].stats.context_chunks > 0 and results[0].stats.retrieval_ms > 0
+    assert all(r.stats.context_tokens == results[0].stats.context_tokens for r in results)
+    assert all(r.stats.retrieval_ms == 0.0 for r in results[1:])  # chosen once for the line
+    assert all(r.stats.prefill_tokens <= 8 for r in results[1:])  # the prompt cache stays warm
+    moved = engine.complete(APP + line + "\n    other = 1\n    ", "", max_tokens=4, path="pkg/app.py", document="app")
+    assert moved.stats.retrieval_ms > 0  # another line: retrieved again
+    off = engine.complete(APP + line, "\n", max_tokens=4, path="pkg/app.py", document="app", context="none")
+    assert off.stats.context_chunks == 0
