@@ -2,10 +2,11 @@
 # The embedded models' GPU recipe, for a lent device (it has no network, so the corpus travels packed).
 #   here:       ./scripts/train_gpu.sh pack          # runs/packed.npz (at most about 60 MB) from the live corpus
 #   on the GPU: ./scripts/train_gpu.sh train         # target 300M tokens, then the distilled draft, then export
-# Run through the device tool with carry: [".venv", "runs/packed.npz"] (or install torch there).
+# On the device, python3 has torch, safetensors, tokenizers and numpy; carry ["runs/packed.npz"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 case "${1:-}" in
   pack)
     $PY -m specdec.training pack --tokens 30e6 --seq-len 1024 --data runs/packed.npz ;;

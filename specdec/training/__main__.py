@@ -24,7 +24,6 @@ from specdec.loader import load_model, save_model
 from specdec.training.corpus import corpus_summary, load_corpus
 from specdec.training.packed import PackedBatches, write_packed
 from specdec.training.recipe import DEFAULT_SHAPE, TARGET_SHAPES, active_params, draft_config, target_config
-from specdec.training.samples import SampleMaker
 from specdec.training.tokenizer import SPECIAL_TOKENS
 from specdec.training.train import TrainSettings, build_model, checkpoint_state, run_model, train
 
@@ -100,7 +99,10 @@ def tokenizer_of_defaults():
     return Tokenizer.from_file(str(MODELS / "target" / "tokenizer.json"))
 
 
-def _sample_maker(args, tokenizer, seed: int | None = None) -> SampleMaker:
+def _sample_maker(args, tokenizer, seed: int | None = None):
+    # Imported here: a machine that trains from a packed corpus needs neither it nor prefixcache.
+    from specdec.training.samples import SampleMaker
+
     train_files, held_out = load_corpus(args.runs / "corpus" / "downloads")
     log.info("corpus: train %s, held out %s", corpus_summary(train_files), corpus_summary(held_out))
     return SampleMaker(train_files, tokenizer, seed=args.seed if seed is None else seed)
