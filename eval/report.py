@@ -14,6 +14,10 @@ def write_markdown(results: dict, out: Path, command: str) -> None:
                     f"{s['latency_ms']['p50']:.0f} | {s['latency_ms']['p95']:.0f} | {s['latency_ms']['p99']:.0f} | "
                     f"{s['exact_match']:.2f} | {s['edit_similarity']:.2f} | {s['identical_to_ar']:.2f} | "
                     f"{a.get('trie', 0)}/{a.get('draft', 0)}/{a.get('ngram', 0)}/{a.get('history', 0)}/{a.get('bonus', 0)} |")
+    passes = ["", "## Per target pass", "", "| strategy | tree nodes | distinct experts woken (all layers) |", "| --- | --- | --- |"]
+    for name, s in results["strategies"].items():
+        if s.get("per_pass"):
+            passes.append(f"| {name} | {s['per_pass']['tree_nodes']:.1f} | {s['per_pass']['experts_woken']:.1f} |")
     modes = ["", "## By mode", "", "| strategy | mode | points | tau | speedup | p50 ms | p95 ms |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, s in results["strategies"].items():
         for mode, m in s.get("by_mode", {}).items():
@@ -36,7 +40,7 @@ def write_markdown(results: dict, out: Path, command: str) -> None:
             "" if results.get("adaptive", True) else "Speculating at every step (--always-speculate), whatever it costs.",
             "Typing along (--typing-along): each point is the follow-up after typing a suggestion's first 3 characters."
             if results.get("typing_along") else "",
-            "", *rows, *modes, *contexts, "",
+            "", *rows, *passes, *modes, *contexts, "",
             f"Expert load (max/mean tokens per expert, by layer): {', '.join(f'{x:.2f}' for x in load)}", "",
             "Plots: latency_cdf.png, tau_hist.png, speedup_by_length.png, expert_load.png", ""]
     (out / "report.md").write_text("\n".join(text))

@@ -20,6 +20,8 @@ class Metrics:
         self.passes = 0
         self.cached_tokens = 0
         self.prefill_tokens = 0
+        self.tree_nodes = 0
+        self.experts_woken = 0
 
     def observe_request(self, endpoint: str, status: int, millis: float) -> None:
         with self.lock:
@@ -39,6 +41,8 @@ class Metrics:
             self.passes += stats.target_passes
             self.cached_tokens += stats.cached_tokens
             self.prefill_tokens += stats.prefill_tokens
+            self.tree_nodes += stats.tree_nodes
+            self.experts_woken += stats.experts_woken
             for source, n in stats.accepted_by_source.items():
                 self.accepted[source] += n
 
@@ -66,6 +70,10 @@ class Metrics:
                       "# TYPE specdec_cached_prompt_tokens_total counter",
                       f"specdec_cached_prompt_tokens_total {self.cached_tokens}",
                       "# TYPE specdec_prefill_tokens_total counter", f"specdec_prefill_tokens_total {self.prefill_tokens}",
+                      "# TYPE specdec_tree_nodes_total counter", f"specdec_tree_nodes_total {self.tree_nodes}",
+                      "# TYPE specdec_experts_woken_total counter",
+                      f"specdec_experts_woken_total {self.experts_woken}",
+                      "# TYPE specdec_target_passes_total counter", f"specdec_target_passes_total {self.passes}",
                       "# TYPE specdec_queue_depth gauge", f"specdec_queue_depth {queue_depth}",
                       "# TYPE specdec_prompt_cache_entries gauge", f"specdec_prompt_cache_entries {prompt_cache[0]}",
                       "# TYPE specdec_prompt_cache_bytes gauge", f"specdec_prompt_cache_bytes {prompt_cache[1]}",

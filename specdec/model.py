@@ -154,10 +154,12 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
         # Tokens routed to each expert since the last reset, for load-imbalance reports.
         self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts, dtype=torch.long), persistent=False)
+        self.last_routed = None  # [E] tokens per expert in the latest forward (read after it, no sync inside)
 
     def forward(self, x):
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)  # [N, A] each
-        self.tokens_per_expert += torch.bincount(ids.reshape(-1), minlength=self.tokens_per_expert.numel())
+        self.last_routed = torch.bincount(ids.reshape(-1), minlength=self.tokens_per_expert.numel())
+        self.tokens_per_expert += self.last_routed
         return kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
 
 
@@ -263,6 +265,12 @@ class Transformer(nn.Module):
         if not blocks:
             return torch.zeros(0, 0, dtype=torch.long)
         return torch.stack([b.tokens_per_expert for b in blocks])
+
+    def experts_woken(self) -> int:
+        """Distinct experts the latest forward ran, summed over the MoE layers (what a verify
+        pass costs on a memory-bound device: each woken expert's weights are read once)."""
+        routed = [m.last_routed for m in self.modules() if isinstance(m, SparseMoeBlock) and m.last_routed is not None]
+        return int(sum((r > 0).sum() for r in routed)) if routed else 0
 
     def reset_expert_load(self) -> None:
         for m in self.modules():

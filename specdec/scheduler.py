@@ -158,8 +158,10 @@ class Scheduler:
         total = prefilled + sum(len(tree) for _, tree in trees)
         rows = None if not chunks else list(range(prefilled, total))
         logits = self.engine.target(torch.cat(tokens), torch.cat(positions), list(segments), logits_rows=rows)
+        woken = self.engine.target.experts_woken() if trees else 0
         start, added = 0, []
         for g, tree in trees:
+            g.stats.experts_woken += woken
             added.append(g.commit(tree, logits[start : start + len(tree)]))
             start += len(tree)
         for g, _ in chunks:

@@ -139,3 +139,12 @@ def test_typing_along_a_suggestion_is_proposed_from_history(tiny_models):
         accepted += follow.stats.accepted_by_source["history"]
         steps += 1
     assert steps >= 3 and accepted >= 4 * steps, (accepted, steps)
+
+
+def test_stats_count_tree_nodes_and_experts_woken(engine):
+    _, prefix, suffix = code_prompts(1, seed=41, before=300)[0]
+    result = engine.complete(prefix, suffix, strategy="hybrid", max_tokens=6, mode="multi", use_prompt_cache=False)
+    cfg = engine.target.config
+    passes = result.stats.target_passes
+    assert result.stats.tree_nodes >= passes  # each pass verifies its root at least
+    assert passes * len(cfg.sparse_layers) <= result.stats.experts_woken <= passes * len(cfg.sparse_layers) * cfg.num_experts
