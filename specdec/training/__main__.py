@@ -124,10 +124,16 @@ def _teacher(args, special: dict, tokenizer):
 
 
 def _export_all(args, tokenizer, special: dict) -> int:
+    report = {}
     for name in ("target", "draft"):
         model, raw, state = run_model(args.runs / name)
         export_model(model, raw, tokenizer, args.out / name)
         log.info("exported %s (step %d, %.1f min) to %s", name, state["step"], state["elapsed"] / 60, args.out / name)
+        report[name] = {"total_params": sum(p.numel() for p in model.parameters()),
+                        "active_params": active_params(model.config), "train_steps": state["step"],
+                        "train_tokens": state["step"] * state.get("tokens_per_step", 8 * 1024),
+                        "train_cpu_minutes": round(state["elapsed"] / 60, 1)}
+    (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

@@ -120,17 +120,17 @@ def train(model: Transformer, batch_at: Callable[[int], list], s: TrainSettings,
                      loss.item(), lr_at(step - 1, s), step * tokens_per_step, elapsed / 60,
                      tokens_per_step / max(1e-9, time.time() - started))
         if time.time() - last_save > s.checkpoint_minutes * 60:
-            save_checkpoint(run_dir, model, optimizer, step, elapsed)
+            save_checkpoint(run_dir, model, optimizer, step, elapsed, tokens_per_step)
             last_save = time.time()
-    save_checkpoint(run_dir, model, optimizer, step, elapsed)
+    save_checkpoint(run_dir, model, optimizer, step, elapsed, tokens_per_step)
     model.eval()
     return step >= s.total_steps
 
 
-def save_checkpoint(run_dir: Path, model, optimizer, step: int, elapsed: float) -> None:
+def save_checkpoint(run_dir: Path, model, optimizer, step: int, elapsed: float, tokens_per_step: int) -> None:
     tmp = run_dir / "checkpoint.pt.tmp"
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "elapsed": elapsed}, tmp)
+                "elapsed": elapsed, "tokens_per_step": tokens_per_step}, tmp)
     os.replace(tmp, run_dir / "checkpoint.pt")  # atomic: an interrupted save never corrupts the last one
 
 
