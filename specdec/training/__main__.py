@@ -132,7 +132,7 @@ def _export_all(args, tokenizer, special: dict) -> int:
         report[name] = {"total_params": sum(p.numel() for p in model.parameters()),
                         "active_params": active_params(model.config), "train_steps": state["step"],
                         "train_tokens": state["step"] * state.get("tokens_per_step", 8 * 1024),
-                        "train_cpu_minutes": round(state["elapsed"] / 60, 1)}
+                        "train_minutes": round(state["elapsed"] / 60, 1)}
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
