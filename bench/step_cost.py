@@ -1,0 +1,64 @@
+"""One decode step of the target and of the draft, and the target's verify cost by tree size.
+
+    python bench/step_cost.py [--models DIR] [--context 512] [--repeats 30] [--out bench/results/step_cost.json]
+
+Both models are timed interleaved in one process on real code tokens (this repository's own
+scheduler.py), median of `repeats`; the draft's budget is a fraction of a target step.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specdec import Segment, default_model_dir, load_model
+
+SAMPLE = Path(__file__).resolve().parents[1] / "specdec" / "scheduler.py"
+
+
+@torch.inference_mode()
+def step_ms(model, ids, context: int, new: int = 1) -> float:
+    cache = model.new_cache(context + new)
+    model(ids[:context], torch.arange(context), [Segment(cache, context)])
+    cache.keep_all()
+    started = time.perf_counter()
+    model(ids[context : context + new], torch.arange(context, context + new), [Segment(cache, new)])
+    return (time.perf_counter() - started) * 1000
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=Path, default=default_model_dir())
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    target, draft = load_model(args.models / "target"), load_model(args.models / "draft")
+    ids = torch.tensor(target.tokenizer.encode(SAMPLE.read_text()).ids)
+    times = {"target": [], "draft": []}
+    sizes = (1, 2, 4, 8, 16, 32)
+    verify = {n: [] for n in sizes}
+    for _ in range(args.repeats):
+        for name, model in (("target", target), ("draft", draft)):
+            times[name].append(step_ms(model, ids, args.context))
+        for n in sizes:
+            verify[n].append(step_ms(target, ids, args.context, n))
+    report = {"models": str(args.models.name), "context": args.context, "threads": args.threads,
+              "step_ms": {k: round(statistics.median(v), 3) for k, v in times.items()},
+              "verify_ms": {n: round(statistics.median(v), 3) for n, v in verify.items()}}
+    report["draft_over_target"] = round(report["step_ms"]["draft"] / report["step_ms"]["target"], 3)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
