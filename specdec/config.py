@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+_QWEN2_STYLE = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")  # q/k/v bias, no o_proj bias
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
 
 
@@ -36,6 +37,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # Mixtral always renormalises the top-k weights
     sparse_layers: tuple = ()  # indices of the layers whose MLP is an MoE block
+    shared_expert_size: int = 0  # Qwen2-MoE: an always-on expert of this width, gated by a sigmoid
     eos_token_ids: tuple = ()
     raw: dict = field(default_factory=dict, repr=False)
 
@@ -65,9 +67,9 @@ class ModelConfig:
             rope_theta=_rope_theta(raw),
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=architecture == "Qwen2ForCausalLM" or bool(raw.get("attention_bias")),
+            attention_bias=_attention_bias(raw, architecture),
             qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
-            o_proj_bias=architecture != "Qwen2ForCausalLM" and bool(raw.get("attention_bias")),
+            o_proj_bias=architecture not in _QWEN2_STYLE and bool(raw.get("attention_bias")),
             mlp_bias=bool(raw.get("mlp_bias")),
             num_experts=num_experts,
             top_k=raw.get("num_experts_per_tok", 0) if num_experts else 0,
@@ -77,6 +79,7 @@ class ModelConfig:
             ),
             norm_topk_prob=True if is_mixtral else bool(raw.get("norm_topk_prob", False)),
             sparse_layers=_sparse_layers(raw, architecture, num_layers, num_experts),
+            shared_expert_size=raw.get("shared_expert_intermediate_size", 0) if architecture == "Qwen2MoeForCausalLM" else 0,
             eos_token_ids=_as_tuple(raw.get("eos_token_id")),
             raw=raw,
         )
@@ -105,6 +108,16 @@ def _architecture(raw: dict) -> str:
         f"unsupported architecture {names or raw.get('model_type')!r}; "
         f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
     )
+
+
+def _attention_bias(raw: dict, architecture: str) -> bool:
+    if architecture == "Qwen2ForCausalLM":
+        return True
+    if architecture == "Qwen2MoeForCausalLM":
+        if raw.get("use_sliding_window"):
+            raise ConfigError("use_sliding_window: sliding-window attention is not supported for Qwen2-MoE yet")
+        return bool(raw.get("qkv_bias", True))
+    return bool(raw.get("attention_bias"))
 
 
 def _rope_theta(raw: dict) -> float:

@@ -62,7 +62,8 @@ class Engine:
         kernels.configure_from_environment()
         self.target, self.draft, self.index = target, draft, index
         fim_mode = target.config.raw.get("fim_mode", "spm")
-        self.prompts = PromptBuilder(target.tokenizer, fim_mode, min(1536, target.config.max_position_embeddings - 256))
+        positions = target.config.max_position_embeddings  # room to generate is kept after the prompt
+        self.prompts = PromptBuilder(target.tokenizer, fim_mode, min(1536, max(positions // 2, positions - 256)))
         self.prompt_cache = PromptCache()
         self.policies = PolicyBook()
         self.history = SuggestionHistory()

@@ -155,12 +155,18 @@ class SparseMoeBlock(nn.Module):
         # Tokens routed to each expert since the last reset, for load-imbalance reports.
         self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts, dtype=torch.long), persistent=False)
         self.last_routed = None  # [E] tokens per expert in the latest forward (read after it, no sync inside)
+        if cfg.shared_expert_size:  # Qwen2-MoE: every token also goes through one gated dense expert
+            self.shared_expert = DenseMLP(cfg.hidden_size, cfg.shared_expert_size)
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def forward(self, x):
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)  # [N, A] each
         self.last_routed = torch.bincount(ids.reshape(-1), minlength=self.tokens_per_expert.numel())
         self.tokens_per_expert += self.last_routed
-        return kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        out = kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        if hasattr(self, "shared_expert"):
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
 
 
 class DecoderLayer(nn.Module):

@@ -34,13 +34,23 @@ def tiny_hf_model(arch: str):
                                 moe_intermediate_size=16, norm_topk_prob=True, decoder_sparse_step=1,
                                 mlp_only_layers=[1])
         return tf.Qwen3MoeForCausalLM(cfg)
+    if arch == "qwen2_moe":  # non-default options: dense layers by step and by list, no renormalising
+        cfg = tf.Qwen2MoeConfig(**{**COMMON, "num_hidden_layers": 4}, num_experts=6, num_experts_per_tok=3,
+                                moe_intermediate_size=12, shared_expert_intermediate_size=20, norm_topk_prob=False,
+                                decoder_sparse_step=1, mlp_only_layers=[2])
+        return tf.Qwen2MoeForCausalLM(cfg)
+    if arch == "qwen2_moe_step2":  # MoE every second layer, renormalised top-k, no q/k/v bias, an odd shared width
+        cfg = tf.Qwen2MoeConfig(**{**COMMON, "num_hidden_layers": 4}, num_experts=5, num_experts_per_tok=2,
+                                moe_intermediate_size=20, shared_expert_intermediate_size=7, norm_topk_prob=True,
+                                decoder_sparse_step=2, qkv_bias=False)
+        return tf.Qwen2MoeForCausalLM(cfg)
     if arch == "mixtral":
         cfg = tf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)
         return tf.MixtralForCausalLM(cfg)
     raise ValueError(arch)
 
 
-ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "qwen2_moe_step2"]
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,7 @@
 """Our transformer against transformers' own on tiny random checkpoints of every supported architecture."""
 
+import json
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ def test_logits_match_transformers(hf_checkpoints, arch):
     assert _rel_err(model.logits(ids), expected) < 1e-4
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2", "qwen2_moe"])
 def test_cached_decoding_matches_causal_forward(hf_checkpoints, arch):
     model = load_model(hf_checkpoints[arch][0])
     ids = torch.randint(0, 97, (1, 16), generator=torch.Generator().manual_seed(2))
@@ -92,3 +94,42 @@ def test_expert_load_counts_tokens(hf_checkpoints):
     load = model.expert_load()
     assert load.shape == (2, 6)  # layers 0 and 2 are sparse, 1 is in mlp_only_layers
     assert load.sum(dim=1).tolist() == [20, 20]  # 10 tokens x top-2
+
+
+def test_qwen2_moe_layout_is_read(hf_checkpoints):
+    step2 = load_model(hf_checkpoints["qwen2_moe_step2"][0]).config
+    assert step2.sparse_layers == (1, 3) and step2.shared_expert_size == 7 and step2.norm_topk_prob
+    assert not step2.attention_bias
+    listed = load_model(hf_checkpoints["qwen2_moe"][0]).config
+    assert listed.sparse_layers == (0, 1, 3) and listed.attention_bias and not listed.o_proj_bias
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen2_moe_step2"])
+def test_every_strategy_equals_ar_on_the_family(arch, tiny_models, tmp_path):
+    """The engine path on the family: cached decode and tree verification give ar's tokens."""
+    import shutil
+
+    import transformers as tf
+
+    from specdec import STRATEGIES, Engine
+    from tests.conftest import tiny_hf_model
+    from tests.helpers import code_prompts
+
+    tokenizer_file = tiny_models[0] / "tokenizer.json"
+    vocab = json.loads(tokenizer_file.read_text())["model"]["vocab"]
+    hf = tiny_hf_model(arch)
+    config = hf.config
+    config.vocab_size = len(vocab) + 7  # added special tokens
+    model = type(hf)(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.35)
+    model.save_pretrained(tmp_path)
+    shutil.copy(tokenizer_file, tmp_path / "tokenizer.json")
+    assert isinstance(model, tf.Qwen2MoeForCausalLM)
+    target = load_model(tmp_path)
+    engine = Engine(target, target, adaptive=False)  # the target as its own draft: deep trees accepted
+    for _path, prefix, suffix in code_prompts(4, seed=17, before=300, after=80):
+        reference = engine.complete(prefix, suffix, strategy="ar", max_tokens=10, mode="multi").tokens
+        for strategy in STRATEGIES:
+            assert engine.complete(prefix, suffix, strategy=strategy, max_tokens=10, mode="multi").tokens == reference
