@@ -1,4 +1,4 @@
-"""`specdec serve`: the server's subcommand, registered as a "specdec.commands" entry point.
+"""`specdec serve` and `specdec lsp`: the server's subcommands, "specdec.commands" entry points.
 
 Kept light: nothing heavy is imported until the command runs, because the CLI loads every
 registered command to build its parser.
@@ -8,18 +8,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def _model_arguments(parser, repo_help: str) -> None:
+    parser.add_argument("--repo", type=Path, help=repo_help)
+    parser.add_argument("--target", type=Path, help="an HF-layout target model directory")
+    parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory")
+
+
 @dataclass(frozen=True)
 class ServeCommand:
     name: str = "serve"
     help: str = "run the completion server"
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--repo", type=Path, help="repository to index into the prefix cache (in the background)")
+        _model_arguments(parser, "repository to index into the prefix cache (in the background)")
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8012)
         parser.add_argument("--api-key", default=None, help="or SPECDEC_API_KEY; protects all but /health")
-        parser.add_argument("--target", type=Path, help="an HF-layout target model directory")
-        parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory")
 
     def run(self, args) -> int:
         from server.main import serve
@@ -31,3 +35,28 @@ class ServeCommand:
 
 
 SERVE = ServeCommand()
+
+
+@dataclass(frozen=True)
+class LspCommand:
+    name: str = "lsp"
+    help: str = "run the inline-completion language server (LSP 3.18) over stdio"
+
+    def add_arguments(self, parser) -> None:
+        _model_arguments(parser, "repository to index (default: the client's workspace folder)")
+        parser.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP instead of stdio")
+
+    def run(self, args) -> int:
+        import logging
+        import sys
+
+        from server.lsp import run
+        from specdec import Engine
+
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol
+        if args.tcp and not args.tcp.rpartition(":")[2].isdigit():
+            raise ValueError(f"--tcp {args.tcp!r}: expected HOST:PORT")
+        return run(Engine.from_pretrained(args.target, args.draft), args.repo, args.tcp)
+
+
+LSP = LspCommand()
