@@ -199,6 +199,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tokenizer = None
         self.path = None
+        self.capture_layers: tuple = ()  # layers whose input the forward keeps in .captured [N, k*H]
+        self.captured = None
 
     def fuse_for_inference(self) -> None:
         for module in self.modules():
@@ -250,8 +252,12 @@ class Transformer(nn.Module):
             seg.cache.reserve(seg.length)
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
-        for layer in self.model.layers:
+        inputs = {}
+        for i, layer in enumerate(self.model.layers):
+            if i in self.capture_layers:  # an EAGLE-3 head reads these layers' inputs (all rows)
+                inputs[i] = x
             x = layer(x, cos, sin, segments)
+        self.captured = torch.cat([inputs[i] for i in self.capture_layers], dim=-1) if inputs else None
         if logits_rows is not None:
             x = x[logits_rows]
         weight = getattr(self, "_lm_head_weight", None)

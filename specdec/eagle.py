@@ -1,0 +1,182 @@
+"""EAGLE-3 draft heads in the layout SGLang and vLLM load (LlamaForCausalLMEagle3).
+
+A head is one Llama-style decoder layer that reads the target's own hidden states instead of
+re-reading the text. Step 0 at a position fuses three of the target's hidden states there (low,
+middle, high layers; `fc` maps 3 x H_t to H) with the embedding of the token that follows it;
+later steps feed the head's own output back in place of the fused features:
+
+    g = fc(cat(aux_low, aux_mid, aux_high))            step 0 ([N, 3H_t] -> [N, H])
+    x = cat(input_layernorm(embed(next token)), hidden_norm(g))      [N, 2H]
+    h = g + o_proj(attention(q, k, v from x))           (residual hidden_norm(g) with norm_before_residual)
+    h = h + mlp(post_attention_layernorm(h))            the head's output, fed back at the next step
+    logits = lm_head(norm(h))                           over the draft vocabulary
+    target id = draft id + d2t[draft id]
+
+Tensors: fc.weight [H, 3H_t]; midlayer.self_attn.{q,k,v}_proj.weight [.., 2H], o_proj;
+midlayer.{input_layernorm, hidden_norm, post_attention_layernorm}.weight; midlayer.mlp.{gate,
+up, down}_proj.weight; norm.weight; lm_head.weight [V_d, H]; d2t int64 [V_d]; t2d bool [V]
+(unused at inference); embed_tokens.weight usually absent (the target's is used).
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from specdec.config import ConfigError
+from specdec.kvcache import KVCache
+from specdec.model import RMSNorm, apply_rope, rope_cos_sin
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    hidden_size: int
+    target_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    aux_layers: tuple | None  # target layers whose INPUT is captured; None: (2, L // 2, L - 3)
+    norm_before_residual: bool
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "Eagle3Config":
+        if ARCHITECTURE not in (raw.get("architectures") or []):
+            raise ConfigError(f"not an EAGLE-3 head: architectures {raw.get('architectures')!r}")
+        hidden, heads = raw["hidden_size"], raw["num_attention_heads"]
+        eagle = raw.get("eagle_config") or {}
+        # eagle_aux_hidden_state_layer_ids name "the output of layer X" (SGLang), which is the
+        # input of layer X + 1.
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids") or raw.get("eagle_aux_hidden_state_layer_ids")
+        return cls(hidden_size=hidden, target_hidden_size=raw.get("target_hidden_size") or hidden,
+                   num_heads=heads, num_kv_heads=raw.get("num_key_value_heads") or heads,
+                   head_dim=raw.get("head_dim") or hidden // heads, intermediate_size=raw["intermediate_size"],
+                   vocab_size=raw["vocab_size"], draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
+                   rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=float(raw.get("rope_theta", 10000.0)),
+                   aux_layers=tuple(i + 1 for i in ids) if ids else None,
+                   norm_before_residual=bool(raw.get("norm_before_residual", False)))
+
+    def capture_layers(self, target_layers: int) -> tuple:
+        return self.aux_layers or (2, target_layers // 2, target_layers - 3)
+
+
+def is_eagle3(path) -> bool:
+    config = Path(path) / "config.json"
+    return config.exists() and ARCHITECTURE in (json.loads(config.read_text()).get("architectures") or [])
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: Eagle3Config):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def forward(self, x, positions, cache: KVCache):
+        c, n = self.c, x.shape[0]
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
+        q = apply_rope(self.q_proj(x).view(n, c.num_heads, c.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(n, c.num_kv_heads, c.head_dim), cos, sin)
+        v = self.v_proj(x).view(n, c.num_kv_heads, c.head_dim)
+        start = cache.length
+        cache.reserve(n)
+        cache.write(0, k.transpose(0, 1), v.transpose(0, 1))
+        keys, values = cache.keys[0][:, :, : start + n], cache.values[0][:, :, : start + n]
+        visible = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=visible, enable_gqa=True)
+        return self.o_proj(out[0].transpose(0, 1).reshape(n, -1))
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: Eagle3Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _MidLayer(nn.Module):
+    def __init__(self, c: Eagle3Config):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = _Attention(c)
+        self.mlp = _MLP(c)
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, c: Eagle3Config):
+        super().__init__()
+        self.config = c
+        self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
+        self.midlayer = _MidLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        c = self.config
+        return KVCache(1, c.num_kv_heads, c.head_dim, dtype=self.fc.weight.dtype, device=self.fc.weight.device,
+                       capacity=capacity)
+
+    @torch.inference_mode()
+    def forward(self, next_tokens, features, positions, cache: KVCache, fused: bool = False):
+        """next_tokens [N], features [N, 3H_t] (fused=False: the target's) or [N, H] (the head's own
+        output), positions [N] -> (draft-vocabulary logits [N, V_d], the head's output [N, H])."""
+        g = features if fused else self.fc(features)
+        layer = self.midlayer
+        normed = layer.hidden_norm(g)
+        x = torch.cat([layer.input_layernorm(self.embed_tokens(next_tokens)), normed], dim=-1)
+        residual = normed if self.config.norm_before_residual else g
+        h = residual + layer.self_attn(x, positions, cache)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        cache.keep_all()
+        return self.lm_head(self.norm(h)).float(), h
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary ids -> the target's ids."""
+        return draft_ids + self.d2t[draft_ids]
+
+
+def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
+    """An EAGLE-3 head directory; the target's embedding is used when the head has none."""
+    path = Path(path)
+    raw = json.loads((path / "config.json").read_text())
+    config = Eagle3Config.from_dict(raw)
+    tensors = {}
+    for file in sorted(path.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    tensors = {name.removeprefix("model."): t for name, t in tensors.items()}
+    tensors.pop("t2d", None)
+    if "embed_tokens.weight" not in tensors:
+        if target is None:
+            raise ConfigError(f"{path}: the head has no embed_tokens; load it with its target")
+        tensors["embed_tokens.weight"] = target.model.embed_tokens.weight.detach()
+    if "d2t" not in tensors:
+        tensors["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
+    head = Eagle3Head(config)
+    missing, unexpected = head.load_state_dict({k: v if k == "d2t" else v.to(dtype) for k, v in tensors.items()},
+                                               strict=False)
+    if missing or unexpected:
+        raise ConfigError(f"{path}: EAGLE-3 tensors do not match the layout (missing {missing}, unexpected {unexpected})")
+    if target is not None and config.target_hidden_size != target.config.hidden_size:
+        raise ConfigError(f"{path}: the head reads hidden states of width {config.target_hidden_size}; "
+                          f"the target's are {target.config.hidden_size}")
+    return head.eval()

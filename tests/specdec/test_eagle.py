@@ -1,0 +1,94 @@
+"""EAGLE-3 heads in the published layout: loading, the d2t vocabulary map, and drafting from the target's features."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from specdec import load_model
+from specdec.config import ConfigError
+from specdec.eagle import Eagle3Config, is_eagle3, load_eagle3
+
+HIDDEN, DRAFT_VOCAB = 48, 40
+
+
+def _write_head(directory, target, with_embedding=False):
+    """A random head in SGLang/vLLM's layout: fc, midlayer.*, norm, lm_head, d2t, t2d."""
+    vocab = target.config.vocab_size
+    raw = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+           "hidden_size": HIDDEN, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
+           "intermediate_size": 64, "vocab_size": vocab, "draft_vocab_size": DRAFT_VOCAB,
+           "target_hidden_size": target.config.hidden_size, "tie_word_embeddings": False,
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 0, 0]}}
+    gen = torch.Generator().manual_seed(7)
+    kept = torch.randperm(vocab, generator=gen)[:DRAFT_VOCAB].sort().values  # the draft vocabulary, as target ids
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[kept] = True
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen) * 0.3
+
+    tensors = {"fc.weight": rand(HIDDEN, 3 * target.config.hidden_size), "norm.weight": 1 + rand(HIDDEN),
+               "lm_head.weight": rand(DRAFT_VOCAB, HIDDEN), "d2t": kept - torch.arange(DRAFT_VOCAB), "t2d": t2d}
+    for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        tensors[f"midlayer.{name}.weight"] = 1 + rand(HIDDEN)
+    for name, rows in (("q_proj", 48), ("k_proj", 24), ("v_proj", 24)):
+        tensors[f"midlayer.self_attn.{name}.weight"] = rand(rows, 2 * HIDDEN)
+    tensors["midlayer.self_attn.o_proj.weight"] = rand(HIDDEN, 48)
+    tensors["midlayer.mlp.gate_proj.weight"] = rand(64, HIDDEN)
+    tensors["midlayer.mlp.up_proj.weight"] = rand(64, HIDDEN)
+    tensors["midlayer.mlp.down_proj.weight"] = rand(HIDDEN, 64)
+    if with_embedding:
+        tensors["embed_tokens.weight"] = rand(vocab, HIDDEN)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(raw))
+    save_file(tensors, str(directory / "model.safetensors"))
+    return kept
+
+
+def test_config_reads_the_published_fields(tmp_path, tiny_models):
+    target = load_model(tiny_models[0])
+    _write_head(tmp_path / "head", target)
+    config = Eagle3Config.from_dict(json.loads((tmp_path / "head" / "config.json").read_text()))
+    assert is_eagle3(tmp_path / "head") and not is_eagle3(tiny_models[1])
+    assert config.draft_vocab_size == DRAFT_VOCAB and config.target_hidden_size == target.config.hidden_size
+    assert config.capture_layers(target.config.num_layers) == (1, 1, 1)  # "output of layer 0" = input of layer 1
+    assert Eagle3Config.from_dict({**json.loads((tmp_path / "head" / "config.json").read_text()),
+                                   "eagle_config": {}}).capture_layers(32) == (2, 16, 29)
+
+
+def test_d2t_maps_draft_ids_to_target_ids(tmp_path, tiny_models):
+    target = load_model(tiny_models[0])
+    kept = _write_head(tmp_path / "head", target)
+    head = load_eagle3(tmp_path / "head", target)
+    assert torch.equal(head.to_target(torch.arange(DRAFT_VOCAB)), kept)
+    assert torch.equal(head.embed_tokens.weight, target.model.embed_tokens.weight)  # absent: the target's
+
+
+def test_head_drafts_from_the_targets_features(tmp_path, tiny_models):
+    target = load_model(tiny_models[0])
+    kept = set(_write_head(tmp_path / "head", target).tolist())
+    head = load_eagle3(tmp_path / "head", target)
+    target.capture_layers = head.config.capture_layers(target.config.num_layers)
+    ids = torch.tensor(target.tokenizer.encode("def add(a, b):\n    return a + b\n").ids)
+    target.logits(ids[None])
+    features = target.captured  # [T, 3H]
+    assert features.shape == (len(ids), 3 * target.config.hidden_size)
+    cache = head.new_cache()
+    logits, hidden = head(ids[1:], features[:-1], torch.arange(1, len(ids)), cache)  # step 0 over the prompt
+    drafted = [int(head.to_target(logits[-1].argmax()))]
+    for step in range(3):  # later steps feed the head's own output
+        logits, hidden = head(torch.tensor(drafted[-1:]), hidden[-1:], torch.tensor([len(ids) + step]), cache,
+                              fused=True)
+        drafted.append(int(head.to_target(logits[-1].argmax())))
+    assert cache.length == len(ids) - 1 + 3 and set(drafted) <= kept
+
+
+def test_a_head_without_embedding_needs_its_target(tmp_path, tiny_models):
+    target = load_model(tiny_models[0])
+    _write_head(tmp_path / "head", target)
+    with pytest.raises(ConfigError, match="embed_tokens"):
+        load_eagle3(tmp_path / "head")
+    _write_head(tmp_path / "own", target, with_embedding=True)
+    assert load_eagle3(tmp_path / "own").embed_tokens.weight.shape[1] == HIDDEN
