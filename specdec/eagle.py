@@ -180,3 +180,72 @@ def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
         raise ConfigError(f"{path}: the head reads hidden states of width {config.target_hidden_size}; "
                           f"the target's are {target.config.hidden_size}")
     return head.eval()
+
+
+class EagleRunner:
+    """An EAGLE-3 head's cache and the target's features, in step with one sequence.
+
+    features[p] are the captured hidden states at position p, one row per token the target has
+    processed (its KV cache length). The head's cache holds the pairs (features[p], token p + 1)
+    for p < synced; drafting feeds the pairs it lacks, then its own outputs, and forgets the
+    speculated rows afterwards.
+    """
+
+    def __init__(self, head: Eagle3Head, features: torch.Tensor | None = None):
+        self.head = head
+        self.cache = head.new_cache()
+        width = 3 * head.config.target_hidden_size
+        self.features = features if features is not None else torch.zeros(0, width, dtype=head.fc.weight.dtype)
+        self.synced = 0
+        self.alternatives = []
+
+    def extend(self, rows: torch.Tensor) -> None:
+        self.features = torch.cat([self.features, rows.to(self.features.dtype)])
+
+    def truncate(self, length: int) -> None:
+        """Keep the features of the first `length` tokens (a prompt-cache prefix reused)."""
+        self.features = self.features[:length]
+        self.synced = min(self.synced, max(0, length - 1))
+        self.cache.truncate(self.synced)
+
+    @torch.inference_mode()
+    def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
+        """Greedy target-vocabulary tokens after `committed` with their cumulative probabilities,
+        and the runner-up first tokens as (token, prob) in self.alternatives."""
+        self.alternatives = []
+        usable = min(len(self.features), len(committed) - 1)  # pairs (features[p], committed[p + 1])
+        if usable <= 0:
+            return [], []
+        self.cache.truncate(self.synced)
+        p = torch.arange(self.synced, usable)
+        logits, hidden = self.head(torch.tensor(committed[self.synced + 1 : usable + 1]), self.features[p], p + 1,
+                                   self.cache)
+        self.synced = usable
+        tokens, probs, cumulative = [], [], 1.0
+        for depth in range(max_depth):
+            prob = torch.softmax(self._restricted(logits[-1], allowed_first if depth == 0 else None), dim=-1)
+            best = int(prob.argmax())
+            token = int(self.head.to_target(torch.tensor(best)))
+            if depth == 0:
+                top = torch.topk(prob, min(3, prob.numel()))
+                self.alternatives = [(int(self.head.to_target(t)), float(q))
+                                     for t, q in zip(top.indices[1:], top.values[1:], strict=True)
+                                     if float(q) >= min_prob and int(self.head.to_target(t)) not in stop_ids]
+            cumulative *= float(prob[best])
+            if cumulative < min_prob:
+                break
+            tokens.append(token)
+            probs.append(cumulative)
+            if token in stop_ids or depth + 1 == max_depth:
+                break
+            position = torch.tensor([usable + 1 + depth])
+            logits, hidden = self.head(torch.tensor([token]), hidden[-1:], position, self.cache, fused=True)
+        self.cache.truncate(self.synced)  # the speculated rows go; the real pairs stay
+        return tokens, probs
+
+    def _restricted(self, logits, allowed_first):
+        if allowed_first is None:
+            return logits
+        targets = self.head.to_target(torch.arange(logits.numel()))
+        keep = torch.isin(targets, torch.as_tensor(list(allowed_first)))
+        return logits.masked_fill(~keep, float("-inf")) if bool(keep.any()) else logits

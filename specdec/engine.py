@@ -15,6 +15,7 @@ from pathlib import Path
 
 import kernels
 from specdec.budget import VerifyCost
+from specdec.eagle import is_eagle3, load_eagle3
 from specdec.fim import PromptBuilder
 from specdec.generation import Generation
 from specdec.handle import CompletionHandle
@@ -50,7 +51,7 @@ class EngineMetrics:
 
 
 class Engine:
-    def __init__(self, target, draft=None, index=None, *, max_tree_nodes: int = 64, draft_depth: int = 8,
+    def __init__(self, target, draft=None, index=None, *, head=None, max_tree_nodes: int = 64, draft_depth: int = 8,
                  adaptive: bool = True, warm_up: bool = True):
         """adaptive=False always speculates with every node the sources offer (up to the budget):
         for tests and measurements of speculation itself; True decides by measured speed.
@@ -61,6 +62,8 @@ class Engine:
             raise ValueError("draft and target vocabularies differ; the draft must share the target's tokenizer")
         kernels.configure_from_environment()
         self.target, self.draft, self.index = target, draft, index
+        self.head = head  # an EAGLE-3 head drafts from the target's own hidden states
+        target.capture_layers = head.config.capture_layers(target.config.num_layers) if head is not None else ()
         fim_mode = target.config.raw.get("fim_mode", "spm")
         positions = target.config.max_position_embeddings  # room to generate is kept after the prompt
         self.prompts = PromptBuilder(target.tokenizer, fim_mode, min(1536, max(positions // 2, positions - 256)))
@@ -83,6 +86,9 @@ class Engine:
         defaults = default_model_dir()
         target_model = load_model(target or defaults / "target")
         draft_path = draft or (defaults / "draft" if target is None else None)
+        if draft_path and is_eagle3(draft_path):  # recognised from its config
+            kwargs["head"] = load_eagle3(draft_path, target_model, target_model.dtype)
+            draft_path = None
         draft_model = load_model(draft_path) if draft_path else None
         if index is not None and not hasattr(index, "propose"):
             from prefixcache import Index

@@ -23,6 +23,7 @@ import torch
 from specdec.accept import Sampling, Uniforms, accept
 from specdec.budget import grow_tree, min_useful_prob
 from specdec.drafting import DraftPath, DraftRunner, history_paths, ngram_paths, trie_paths
+from specdec.eagle import EagleRunner
 from specdec.model import Segment
 from specdec.options import CompletionOptions
 from specdec.policy import learn_acceptance, learn_draft
@@ -71,7 +72,7 @@ class Generation:
         # it waits (most keystrokes, when typing fast) is never tokenized.
         self.prompt = None
         self.committed: list[int] = []  # prompt then generated tokens (the target's sequence)
-        self.cache = self.draft = None
+        self.cache = self.draft = self.eagle = None
         self.sampling = Sampling(options.temperature, options.top_p, options.top_k)
         self.uniforms = Uniforms(options.seed)
         self.rules = rules_for(options.prefix, options.suffix, options.mode, options.n_indent, options.stop)
@@ -142,6 +143,8 @@ class Generation:
         if entry is not None:
             self.cache = entry.target
             reuse = min(common, self.cache.length, len(ids) - 1)
+            if self._needs_features(options) and (entry.features is None or len(entry.features) < reuse):
+                reuse = 0  # the head needs the target's features of every reused token
             self.cache.truncate(reuse)
         else:
             self.cache, reuse = engine.target.new_cache(len(ids) + options.max_tokens + 80), 0
@@ -149,10 +152,16 @@ class Generation:
             self.draft = DraftRunner(engine.draft)
             if entry is not None and entry.draft is not None:
                 self.draft.adopt(entry.draft, entry.draft_tokens)
+        if self._needs_features(options):
+            self.eagle = EagleRunner(engine.head, entry.features if entry is not None else None)
+            self.eagle.truncate(reuse)
         self.stats.prefill_tokens, self.stats.cached_tokens = len(ids) - reuse, reuse
         self._enter(State.PREFILLING)
         if self.prefill_remaining() == 0:
             self._prefilled()
+
+    def _needs_features(self, options) -> bool:
+        return options.strategy in ("draft", "hybrid") and self.engine.head is not None
 
     def prefill_remaining(self) -> int:
         """Prompt tokens not yet in the cache (all but the last one, which the first step feeds)."""
@@ -164,9 +173,12 @@ class Generation:
         feed = self.committed[start : start + count]
         return torch.tensor(feed), torch.arange(start, start + len(feed)), Segment(self.cache, len(feed))
 
-    def prefill_fed(self) -> None:
-        """After the forward over prefill_segment()'s tokens: keep them; finish the prefill if done."""
+    def prefill_fed(self, features=None) -> None:
+        """After the forward over prefill_segment()'s tokens: keep them (and the target's captured
+        hidden states [n, k*H] of them, for an EAGLE-3 head); finish the prefill if done."""
         self.cache.keep_all()
+        if self.eagle is not None and features is not None:
+            self.eagle.extend(features)
         if self.prefill_remaining() == 0:
             self._prefilled()
 
@@ -212,17 +224,18 @@ class Generation:
                                    healed, acceptance)
         if strategy == "ngram":
             paths += ngram_paths(self.committed, acceptance)
-        if self.draft is not None:
+        drafter = self.eagle if self.eagle is not None else self.draft
+        if drafter is not None:
             # A draft token must pay for its draft forward and for its place in the tree.
             floor = engine.draft_min_prob
             if engine.adaptive:
                 floor = max(floor, min_useful_prob(engine.verify_cost)) / acceptance.draft_scale
             first = self.prompt.allowed_first if self.healing_pending else None
-            tokens, probs = self.draft.chain(self.committed, engine.draft_depth, min(0.95, floor), first,
-                                             engine.prompts.stop_ids)
+            tokens, probs = drafter.chain(self.committed, engine.draft_depth, min(0.95, floor), first,
+                                          engine.prompts.stop_ids)
             scale = acceptance.draft_scale
             paths.append(DraftPath("draft", tokens, [p * scale for p in probs]))
-            paths += [DraftPath("draft", [token], [prob * scale]) for token, prob in self.draft.alternatives]
+            paths += [DraftPath("draft", [token], [prob * scale]) for token, prob in drafter.alternatives]
         return paths
 
     def segment(self, tree: TokenTree):
@@ -231,14 +244,17 @@ class Generation:
         mask = None if tree.is_chain() else tree.ancestor_mask()
         return torch.tensor(tree.tokens), positions, Segment(self.cache, len(tree), mask)
 
-    def commit(self, tree: TokenTree, logits) -> int:
-        """Accept against the target's logits [len(tree), vocab]; update caches, text and stops.
+    def commit(self, tree: TokenTree, logits, features=None) -> int:
+        """Accept against the target's logits [len(tree), vocab] (and keep its captured hidden
+        states [len(tree), k*H] of the kept nodes); update caches, text and stops.
         Returns the number of tokens this step added to the sequence."""
         if self.state is not State.DECODING:
             raise IllegalTransition(f"commit on a {self.state.value} generation")
         first = self.prompt.allowed_first if self.healing_pending else None
         result = accept(tree, logits, self.sampling, self.uniforms, first, position=len(self.committed))
         self.cache.keep([0] + result.nodes)
+        if self.eagle is not None and features is not None:
+            self.eagle.extend(features[[0] + result.nodes])
         self.stats.target_passes += 1
         by_source = self.stats.accepted_by_source
         for node in result.nodes:
@@ -321,5 +337,6 @@ class Generation:
         if worth_keeping and self.options.use_prompt_cache:
             draft_cache = self.draft.cache if self.draft is not None else None
             draft_tokens = self.draft.synced if self.draft is not None else ()
-            self.engine.prompt_cache.put(self.committed, self.cache, draft_cache, draft_tokens)
+            features = self.eagle.features if self.eagle is not None else None
+            self.engine.prompt_cache.put(self.committed, self.cache, draft_cache, draft_tokens, features)
         self.cache = None

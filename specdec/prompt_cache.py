@@ -24,6 +24,7 @@ class CacheEntry:
     draft: object | None  # KVCache of the draft, holding a prefix of draft_tokens
     draft_tokens: list = field(default_factory=list)
     last_used: float = 0.0
+    features: object = None  # [n, k*H] the target's captured hidden states, for an EAGLE-3 head
 
     def nbytes(self) -> int:
         return self.target.nbytes() + (self.draft.nbytes() if self.draft is not None else 0)
@@ -34,7 +35,9 @@ class CacheEntry:
         if self.draft is not None:
             draft_length = min(length, self.draft.length, len(self.draft_tokens))
             draft, draft_tokens = self.draft.clone(draft_length, capacity), self.draft_tokens[:draft_length]
-        return CacheEntry(self.tokens[:length].copy(), self.target.clone(length, capacity), draft, draft_tokens)
+        features = None if self.features is None else self.features[:length].clone()
+        return CacheEntry(self.tokens[:length].copy(), self.target.clone(length, capacity), draft, draft_tokens,
+                          features=features)
 
 
 class PromptCache:
@@ -68,9 +71,9 @@ class PromptCache:
             self.entries.remove(best)
             return best, best_len
 
-    def put(self, tokens: list[int], target, draft=None, draft_tokens=()) -> None:
+    def put(self, tokens: list[int], target, draft=None, draft_tokens=(), features=None) -> None:
         entry = CacheEntry(np.asarray(tokens[: target.length], dtype=np.int64), target, draft,
-                           list(draft_tokens), time.monotonic())
+                           list(draft_tokens), time.monotonic(), features)
         with self.lock:
             self.entries.append(entry)
             self._evict()

@@ -157,15 +157,21 @@ class Scheduler:
         prefilled = sum(seg.length for _, (_, _, seg) in chunks)
         total = prefilled + sum(len(tree) for _, tree in trees)
         rows = None if not chunks else list(range(prefilled, total))
-        logits = self.engine.target(torch.cat(tokens), torch.cat(positions), list(segments), logits_rows=rows)
-        woken = self.engine.target.experts_woken() if trees else 0
+        target = self.engine.target
+        logits = target(torch.cat(tokens), torch.cat(positions), list(segments), logits_rows=rows)
+        woken = target.experts_woken() if trees else 0
+        features = target.captured  # [all rows, k*H] when an EAGLE-3 head reads them, else None
         start, added = 0, []
         for g, tree in trees:
             g.stats.experts_woken += woken
-            added.append(g.commit(tree, logits[start : start + len(tree)]))
+            rows_of = None if features is None else features[prefilled + start : prefilled + start + len(tree)]
+            added.append(g.commit(tree, logits[start : start + len(tree)], rows_of))
             start += len(tree)
-        for g, _ in chunks:
-            if self._guard(g, g.prefill_fed) and g.state is State.DECODING:
+        offset = 0
+        for g, (_, _, segment) in chunks:
+            rows_of = None if features is None else features[offset : offset + segment.length]
+            offset += segment.length
+            if self._guard(g, lambda g=g, rows_of=rows_of: g.prefill_fed(rows_of)) and g.state is State.DECODING:
                 with self.lock:
                     self.prefilling.remove(g)
                     self.active.append(g)

@@ -92,3 +92,31 @@ def test_a_head_without_embedding_needs_its_target(tmp_path, tiny_models):
         load_eagle3(tmp_path / "head")
     _write_head(tmp_path / "own", target, with_embedding=True)
     assert load_eagle3(tmp_path / "own").embed_tokens.weight.shape[1] == HIDDEN
+
+
+def test_every_strategy_equals_ar_with_an_eagle3_head(tmp_path, tiny_models):
+    """Lossless with the head drafting: alone, batched, and reusing the prompt cache."""
+    from specdec import STRATEGIES, Engine
+    from tests.helpers import code_prompts, generation
+
+    target = load_model(tiny_models[0])
+    _write_head(tmp_path / "head", target)
+    engine = Engine.from_pretrained(tiny_models[0], tmp_path / "head", adaptive=False)
+    assert engine.head is not None and engine.draft is None
+    prompts = code_prompts(6, seed=19, before=400, after=100)
+    reference = [engine.complete(p, s, strategy="ar", max_tokens=10, mode="multi").tokens for _, p, s in prompts]
+    for strategy in STRATEGIES:
+        got = [engine.complete(p, s, strategy=strategy, max_tokens=10, mode="multi").tokens for _, p, s in prompts]
+        assert got == reference, strategy
+    gens = [generation(engine, p, s, strategy="hybrid", max_tokens=10, mode="multi") for _, p, s in prompts]
+    with torch.inference_mode():
+        engine.scheduler.run_until_done(gens)
+    assert [g.result().tokens for g in gens] == reference
+    for g in gens:  # the head's features are the target's, row for row, as a full forward gives them
+        rows = len(g.eagle.features)
+        assert rows == len(g.committed) - 1
+        target.capture_layers = engine.target.capture_layers
+        target.logits(torch.tensor([g.committed[:rows]]))
+        assert torch.allclose(g.eagle.features, target.captured, atol=1e-4)
+    drafted = engine.complete(prompts[0][1], prompts[0][2], strategy="draft", max_tokens=10, mode="multi")
+    assert drafted.stats.tree_nodes > drafted.stats.target_passes  # the head proposed tokens
