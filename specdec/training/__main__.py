@@ -2,6 +2,7 @@
 
     python -m specdec.training target [--shape wide] [--tokens 16e6] [--max-minutes M]
     python -m specdec.training draft [--tokens 4e6]       # distilled from runs/target
+    python -m specdec.training head [--tokens 4e6]        # an EAGLE-3 head on runs/target's features
     python -m specdec.training export                     # both into specdec/default_models
     python -m specdec.training pack --tokens 30e6         # packed corpus for a machine without network
     python -m specdec.training target --device cuda --data runs/packed.npz --batch-size 128 --tokens 300e6
@@ -22,6 +23,7 @@ import torch
 
 from specdec.loader import load_model, save_model
 from specdec.training.corpus import corpus_summary, load_corpus
+from specdec.training.eagle3 import build_head, head_config, head_loss_fn, save_head
 from specdec.training.packed import PackedBatches, write_packed
 from specdec.training.recipe import DEFAULT_SHAPE, TARGET_SHAPES, active_params, draft_config, target_config
 from specdec.training.tokenizer import SPECIAL_TOKENS
@@ -34,7 +36,7 @@ MODELS = Path(__file__).resolve().parents[1] / "default_models"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdec.training", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=("target", "draft", "export", "pack"))
+    parser.add_argument("stage", choices=("target", "draft", "head", "export", "pack"))
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="checkpoints, logs, corpus cache")
     parser.add_argument("--out", type=Path, default=MODELS, help="export directory")
     parser.add_argument("--shape", choices=sorted(TARGET_SHAPES), default=DEFAULT_SHAPE)
@@ -67,15 +69,20 @@ def main(argv=None) -> int:
         maker = _sample_maker(args, tokenizer)
         write_packed(maker, int(args.tokens or 30e6), args.seq_len, args.data or args.runs / "packed.npz")
         return 0
-    raw = target_config(tokenizer.get_vocab_size(), special, args.shape) if args.stage == "target" \
-        else draft_config(tokenizer.get_vocab_size(), special)
     run_dir = args.runs / (args.name or args.stage)
-    model = _initial_model(raw, args, run_dir)
-    teacher = _teacher(args, special, tokenizer) if args.stage == "draft" else None
+    teacher = _teacher(args, special, tokenizer) if args.stage in ("draft", "head") else None
+    if args.stage == "head":
+        raw = head_config(teacher.config)
+        model = build_head(raw, teacher, args.seed).to(args.device)
+    else:
+        raw = target_config(tokenizer.get_vocab_size(), special, args.shape) if args.stage == "target" \
+            else draft_config(tokenizer.get_vocab_size(), special)
+        model = _initial_model(raw, args, run_dir)
     default_tokens = 16e6 if args.stage == "target" else 4e6
+    distilled = args.stage == "draft"
     settings = TrainSettings(tokens=int(args.tokens or default_tokens), batch_size=args.batch_size,
-                             seq_len=args.seq_len, lr=args.lr, seed=args.seed + (args.stage == "draft"),
-                             kd_weight=0.5 if teacher else 0.0, kd_hard_weight=0.2 if teacher else 0.0,
+                             seq_len=args.seq_len, lr=args.lr, seed=args.seed + (args.stage != "target"),
+                             kd_weight=0.5 if distilled else 0.0, kd_hard_weight=0.2 if distilled else 0.0,
                              max_minutes=args.max_minutes, device=args.device)
     if args.data:
         source = PackedBatches(args.data, settings.seed)
@@ -84,11 +91,12 @@ def main(argv=None) -> int:
         source = maker
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-    log.info("%s %s: %.2fM parameters, %.2fM active, %d steps of %d tokens", args.stage, run_dir,
-             sum(p.numel() for p in model.parameters()) / 1e6, active_params(model.config) / 1e6,
+    log.info("%s %s: %.2fM parameters, %d steps of %d tokens", args.stage, run_dir,
+             sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
              settings.total_steps, settings.batch_size * settings.seq_len)
+    loss_fn = head_loss_fn(teacher, args.device) if args.stage == "head" else None
     done = train(model, lambda step: source.batch(step, settings.batch_size, settings.seq_len), settings,
-                 run_dir, teacher=teacher)
+                 run_dir, teacher=teacher if distilled else None, loss_fn=loss_fn)
     log.info("%s: %s", run_dir, "finished" if done else "stopped; rerun the same command to resume")
     return 0
 
@@ -133,6 +141,18 @@ def _export_all(args, tokenizer, special: dict) -> int:
                         "active_params": active_params(model.config), "train_steps": state["step"],
                         "train_tokens": state["step"] * state.get("tokens_per_step", 8 * 1024),
                         "train_minutes": round(state["elapsed"] / 60, 1)}
+    head_run = args.runs / "head"
+    if checkpoint_state(head_run) is not None:
+        raw = json.loads((head_run / "config.json").read_text())
+        teacher = run_model(args.runs / "target")[0]
+        head = build_head(raw, teacher)
+        state = checkpoint_state(head_run)
+        head.load_state_dict(state["model"])
+        save_head(head, raw, args.out / "head")
+        report["head"] = {"trained_params": sum(p.numel() for p in head.parameters() if p.requires_grad),
+                          "train_steps": state["step"], "train_tokens": state["step"] * state.get("tokens_per_step", 8192),
+                          "train_minutes": round(state["elapsed"] / 60, 1)}
+        log.info("exported the EAGLE-3 head (step %d) to %s", state["step"], args.out / "head")
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
@@ -144,7 +164,7 @@ def export_model(model, raw: dict, tokenizer, out: Path) -> None:
     stored.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
     save_model(stored, out, raw)
     tokenizer.save(str(out / "tokenizer.json"))
-    generation = {"eos_token_id": raw["eos_token_id"], "pad_token_id": raw["pad_token_id"],
+    generation = {"eos_token_id": raw["eos_token_id"], "pad_token_id": raw.get("pad_token_id", raw["eos_token_id"]),
                   "do_sample": False, "max_new_tokens": 64}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     (out / "tokenizer_config.json").write_text(json.dumps({

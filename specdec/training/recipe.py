@@ -95,14 +95,18 @@ def init_weights(model: Transformer, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
-def train_forward(model: Transformer, ids):
-    """ids [B, T] -> (logits [B, T, V], load-balancing loss); causal, differentiable."""
+def train_forward(model: Transformer, ids, capture=()):
+    """ids [B, T] -> (logits [B, T, V], load-balancing loss); causal, differentiable. With
+    `capture` (layer indices), also the inputs of those layers, concatenated: [B, T, k*H]."""
     cfg = model.config
     batch, length = ids.shape
     x = model.model.embed_tokens(ids)
-    cos, sin = rope_cos_sin(torch.arange(length), cfg.head_dim, cfg.rope_theta, x.dtype)
+    cos, sin = rope_cos_sin(torch.arange(length, device=ids.device), cfg.head_dim, cfg.rope_theta, x.dtype)
     aux = x.new_zeros(())
-    for layer in model.model.layers:
+    inputs = {}
+    for i, layer in enumerate(model.model.layers):
+        if i in capture:
+            inputs[i] = x
         x = x + _attention(layer.self_attn, layer.input_layernorm(x), cos, sin)
         h = layer.post_attention_layernorm(x)
         if isinstance(layer.mlp, SparseMoeBlock):
@@ -110,7 +114,10 @@ def train_forward(model: Transformer, ids):
             x, aux = x + y.view_as(x), aux + layer_aux
         else:
             x = x + layer.mlp(h)
-    return model.lm_head(model.model.norm(x)), aux
+    logits = model.lm_head(model.model.norm(x))
+    if capture:
+        return logits, aux, torch.cat([inputs[i] for i in capture], dim=-1)
+    return logits, aux
 
 
 def _attention(attn, h, cos, sin):

@@ -88,15 +88,19 @@ def _autocast(device: str):
     return torch.autocast("cpu", enabled=False)
 
 
-def train(model: Transformer, batch_at: Callable[[int], list], s: TrainSettings, run_dir: Path,
-          teacher=None) -> bool:
-    """Train until the token budget is spent (True) or max_minutes pass (False, resumable)."""
+def train(model, batch_at: Callable[[int], list], s: TrainSettings, run_dir: Path, teacher=None,
+          loss_fn=None) -> bool:
+    """Train until the token budget is spent (True) or max_minutes pass (False, resumable).
+    loss_fn(model, batch) -> (total, logged loss); default: next-token loss (+ distillation)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(s.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1,
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1,
                                   fused=s.device.startswith("cuda"))
     step, elapsed = _resume(run_dir, model, optimizer)
-    loss_fn = torch.compile(_loss) if s.device.startswith("cuda") else _loss
+    loss_fn = loss_fn or (lambda m, batch: _loss(m, batch, s, teacher))
+    if s.device.startswith("cuda"):
+        loss_fn = torch.compile(loss_fn)
     model.train()
     last_save, session_start, first_step = time.time(), time.time(), step
     tokens_per_step = s.batch_size * s.seq_len
@@ -108,10 +112,10 @@ def train(model: Transformer, batch_at: Callable[[int], list], s: TrainSettings,
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, s)
         started = time.time()
-        total, loss = loss_fn(model, batch_at(step), s, teacher)
+        total, loss = loss_fn(model, batch_at(step))
         optimizer.zero_grad(set_to_none=True)
         total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         step += 1
         elapsed += time.time() - started

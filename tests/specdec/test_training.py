@@ -143,3 +143,46 @@ def test_recipe_trains_distils_and_exports_from_a_packed_corpus(tokenizer, tmp_p
     assert target.config.is_moe and target.config.num_experts >= 8 and not draft.config.is_moe
     result = Engine(target, draft).complete("def add(a, b):\n    return ", max_tokens=3, strategy="hybrid")
     assert len(result.tokens) <= 3
+
+
+def test_an_eagle3_head_learns_the_targets_features_and_loads_in_the_published_layout(tokenizer, tmp_path):
+    from specdec import Engine
+    from specdec.eagle import is_eagle3, load_eagle3
+    from specdec.training.eagle3 import build_head, head_config, head_loss, head_loss_fn, save_head
+
+    torch.manual_seed(0)
+    target = build_model(tiny_config("moe", tokenizer.get_vocab_size(), 0), seed=1).eval()
+    raw = head_config(target.config)
+    head = build_head(raw, target)
+    maker = _maker(tokenizer)
+    batch = torch.as_tensor(maker.batch(0, 2, 48))
+    before = head_loss(head, target, batch)[0].item()
+    settings = TrainSettings(tokens=40 * 2 * 48, batch_size=2, seq_len=48, lr=3e-3, warmup_steps=2)
+    assert train(head, lambda step: maker.batch(step % 4, 2, 48), settings, tmp_path / "head_run",
+                 loss_fn=head_loss_fn(target))
+    assert head_loss(head, target, batch)[0].item() < 0.8 * before
+    save_head(head, raw, tmp_path / "head")
+    assert is_eagle3(tmp_path / "head")
+    loaded = load_eagle3(tmp_path / "head", target)
+    assert torch.equal(loaded.d2t, torch.zeros_like(loaded.d2t))
+    target_dir = tmp_path / "target"
+    from specdec.training.__main__ import export_model
+
+    export_model(target, tiny_config("moe", tokenizer.get_vocab_size(), 0), tokenizer, target_dir)
+    engine = Engine.from_pretrained(target_dir, tmp_path / "head", adaptive=False)
+    prompt = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return "
+    reference = engine.complete(prompt, "", strategy="ar", max_tokens=8, mode="multi").tokens
+    assert engine.complete(prompt, "", strategy="draft", max_tokens=8, mode="multi").tokens == reference
+
+
+def test_recipe_trains_an_eagle3_head_and_exports_it(tokenizer, tmp_path):
+    from specdec.eagle import is_eagle3
+    from specdec.training.__main__ import main
+
+    packed = write_packed(_maker(tokenizer), tokens=600, seq_len=32, out=tmp_path / "packed.npz", block_rows=8)
+    common = ["--runs", str(tmp_path / "runs"), "--data", str(packed), "--batch-size", "2", "--seq-len", "32",
+              "--threads", "1", "--tokens", "128"]
+    for stage in ("target", "draft", "head"):
+        assert main([stage, *common]) == 0
+    assert main(["export", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "models")]) == 0
+    assert is_eagle3(tmp_path / "models" / "head")

@@ -1,0 +1,113 @@
+"""Training an EAGLE-3 head on the target's own features, and writing it in the published layout.
+
+Two steps are trained together (training-time test, as EAGLE-3 does), so that the head also
+drafts well from its own outputs:
+- step 0 at pair q = (features[q], token q + 1), position q + 1, predicts the target's
+  distribution for token q + 2; attention over the step-0 pairs <= q;
+- step 1 at q = (the head's own step-0 output at q, token q + 2), position q + 2, predicts the
+  target's distribution for token q + 3; attention over the step-0 pairs <= q and itself.
+The loss is KL(target || head) plus cross-entropy on the target's argmax, at both steps.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from specdec.eagle import ARCHITECTURE, Eagle3Config, Eagle3Head
+from specdec.model import apply_rope, rope_cos_sin
+from specdec.training.recipe import train_forward
+
+
+def head_config(target_config, aux_layer_ids=None) -> dict:
+    """An EAGLE-3 config for a target: its width, a dense layer, the full vocabulary (d2t zero)."""
+    layers = target_config.num_layers
+    ids = aux_layer_ids or sorted({max(0, layers // 4 - 1), layers // 2 - 1, layers - 2})
+    return {"architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
+            "hidden_size": target_config.hidden_size, "target_hidden_size": target_config.hidden_size,
+            "num_attention_heads": target_config.num_heads, "num_key_value_heads": target_config.num_kv_heads,
+            "head_dim": target_config.head_dim, "intermediate_size": 3 * target_config.hidden_size,
+            "vocab_size": target_config.vocab_size, "draft_vocab_size": target_config.vocab_size,
+            "rms_norm_eps": target_config.rms_norm_eps, "rope_theta": target_config.rope_theta,
+            "tie_word_embeddings": False, "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(ids)[:3]
+                                                             + [ids[-1]] * (3 - len(ids))}}
+
+
+def build_head(raw: dict, target, seed: int = 0) -> Eagle3Head:
+    head = Eagle3Head(Eagle3Config.from_dict(raw))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            elif name != "embed_tokens.weight":
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+        head.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+    head.embed_tokens.weight.requires_grad_(False)  # the target's, as at inference
+    return head
+
+
+def head_loss(head: Eagle3Head, target, ids: torch.Tensor):
+    """ids [B, T + 1] -> (loss, step-0 agreement with the target's argmax)."""
+    capture = head.config.capture_layers(target.config.num_layers)
+    with torch.no_grad():
+        logits, _, features = train_forward(target, ids[:, :-1], capture=capture)  # [B, T, V], [B, T, 3H]
+    g0, tokens1 = features[:, :-2], ids[:, 1:-2]  # pairs q = 0 .. T-3
+    want0, want1 = logits[:, 1:-1], logits[:, 2:]  # the target's distributions for tokens q + 2, q + 3
+    length = g0.shape[1]
+    h0, k0, v0 = _step(head, head.fc(g0), tokens1, torch.arange(1, length + 1), None)
+    h1, _, _ = _step(head, h0, ids[:, 2:-1], torch.arange(2, length + 2), (k0, v0))
+    losses, agree = [], None
+    for h, want in ((h0, want0), (h1, want1)):
+        out = head.lm_head(head.norm(h)).float().flatten(0, 1)
+        teacher = want.float().flatten(0, 1)
+        soft = F.kl_div(F.log_softmax(out, -1), F.log_softmax(teacher, -1), log_target=True, reduction="batchmean")
+        losses.append(soft + F.cross_entropy(out, teacher.argmax(-1)))
+        if agree is None:
+            agree = (out.argmax(-1) == teacher.argmax(-1)).float().mean()
+    return losses[0] + losses[1], agree
+
+
+def _step(head: Eagle3Head, g, next_tokens, positions, step0_kv):
+    """One head step over whole sequences: g [B, T, H] fused features -> (output, keys, values)."""
+    c, layer = head.config, head.midlayer
+    batch, length, _ = g.shape
+    normed = layer.hidden_norm(g)
+    x = torch.cat([layer.input_layernorm(head.embed_tokens(next_tokens)), normed], dim=-1)
+    attn = layer.self_attn
+    cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
+    q = apply_rope(attn.q_proj(x).view(batch, length, c.num_heads, c.head_dim), cos, sin).transpose(1, 2)
+    k = apply_rope(attn.k_proj(x).view(batch, length, c.num_kv_heads, c.head_dim), cos, sin).transpose(1, 2)
+    v = attn.v_proj(x).view(batch, length, c.num_kv_heads, c.head_dim).transpose(1, 2)
+    if step0_kv is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    else:  # step 1: the step-0 pairs up to q, and itself
+        earlier = torch.ones(length, length, dtype=torch.bool).tril()
+        mask = torch.cat([earlier, torch.eye(length, dtype=torch.bool)], dim=1)
+        out = F.scaled_dot_product_attention(q, torch.cat([step0_kv[0], k], 2), torch.cat([step0_kv[1], v], 2),
+                                             attn_mask=mask, enable_gqa=True)
+    residual = normed if c.norm_before_residual else g
+    h = residual + attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+    return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
+
+
+def save_head(head: Eagle3Head, raw: dict, out: Path) -> None:
+    """The published layout: config.json and model.safetensors with fc, midlayer.*, norm, lm_head,
+    d2t and t2d (no embed_tokens: the target's is used), weights in bf16."""
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()
+               if k not in ("embed_tokens.weight", "d2t")}
+    tensors["d2t"] = head.d2t.clone()
+    tensors["t2d"] = torch.ones(head.config.vocab_size, dtype=torch.bool)
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps({**raw, "torch_dtype": "bfloat16"}, indent=2) + "\n")
+
+
+def head_loss_fn(target, device: str = "cpu"):
+    """The train() loss for a head: (loss, step-0 agreement) on a batch of rows."""
+    def loss(head, batch):
+        total, agree = head_loss(head, target, torch.as_tensor(batch, device=device))
+        return total, agree
+    return loss
