@@ -30,6 +30,25 @@ def step_ms(model, ids, context: int, new: int = 1) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+@torch.inference_mode()
+def _head_times(args, target, ids) -> list:
+    """One drafting step of an EAGLE-3 head (its own output fed back), if the models have one."""
+    from specdec.eagle import is_eagle3, load_eagle3
+
+    if not is_eagle3(args.models / "head"):
+        return []
+    head = load_eagle3(args.models / "head", target)
+    width, times = 3 * head.config.target_hidden_size, []
+    for _ in range(args.repeats):
+        cache = head.new_cache(args.context + 2)
+        _, hidden = head(ids[1 : args.context + 1], torch.randn(args.context, width), torch.arange(1, args.context + 1),
+                         cache)
+        started = time.perf_counter()
+        head(ids[args.context : args.context + 1], hidden[-1:], torch.tensor([args.context + 1]), cache, fused=True)
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=Path, default=default_model_dir())
@@ -49,10 +68,15 @@ def main(argv=None) -> int:
             times[name].append(step_ms(model, ids, args.context))
         for n in sizes:
             verify[n].append(step_ms(target, ids, args.context, n))
+    head_times = _head_times(args, target, ids)
+    if head_times:
+        times["head"] = head_times
     report = {"models": str(args.models.name), "context": args.context, "threads": args.threads,
               "step_ms": {k: round(statistics.median(v), 3) for k, v in times.items()},
               "verify_ms": {n: round(statistics.median(v), 3) for n, v in verify.items()}}
-    report["draft_over_target"] = round(report["step_ms"]["draft"] / report["step_ms"]["target"], 3)
+    for name in ("draft", "head"):
+        if name in report["step_ms"]:
+            report[f"{name}_over_target"] = round(report["step_ms"][name] / report["step_ms"]["target"], 3)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

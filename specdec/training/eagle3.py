@@ -50,7 +50,7 @@ def build_head(raw: dict, target, seed: int = 0) -> Eagle3Head:
 
 
 def head_loss(head: Eagle3Head, target, ids: torch.Tensor):
-    """ids [B, T + 1] -> (loss, step-0 agreement with the target's argmax)."""
+    """ids [B, T + 1] -> (loss, (step-0, step-1) agreement with the target's argmax)."""
     capture = head.config.capture_layers(target.config.num_layers)
     with torch.no_grad():
         logits, _, features = train_forward(target, ids[:, :-1], capture=capture)  # [B, T, V], [B, T, 3H]
@@ -59,15 +59,14 @@ def head_loss(head: Eagle3Head, target, ids: torch.Tensor):
     length = g0.shape[1]
     h0, k0, v0 = _step(head, head.fc(g0), tokens1, torch.arange(1, length + 1), None)
     h1, _, _ = _step(head, h0, ids[:, 2:-1], torch.arange(2, length + 2), (k0, v0))
-    losses, agree = [], None
+    losses, agree = [], []
     for h, want in ((h0, want0), (h1, want1)):
         out = head.lm_head(head.norm(h)).float().flatten(0, 1)
         teacher = want.float().flatten(0, 1)
         soft = F.kl_div(F.log_softmax(out, -1), F.log_softmax(teacher, -1), log_target=True, reduction="batchmean")
         losses.append(soft + F.cross_entropy(out, teacher.argmax(-1)))
-        if agree is None:
-            agree = (out.argmax(-1) == teacher.argmax(-1)).float().mean()
-    return losses[0] + losses[1], agree
+        agree.append((out.argmax(-1) == teacher.argmax(-1)).float().mean())
+    return losses[0] + losses[1], tuple(agree)
 
 
 def _step(head: Eagle3Head, g, next_tokens, positions, step0_kv):
@@ -109,5 +108,5 @@ def head_loss_fn(target, device: str = "cpu"):
     """The train() loss for a head: (loss, step-0 agreement) on a batch of rows."""
     def loss(head, batch):
         total, agree = head_loss(head, target, torch.as_tensor(batch, device=device))
-        return total, agree
+        return total, agree[0]
     return loss

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.eagle import is_eagle3, load_eagle3
 from specdec.engine import Engine, default_model_dir
 from specdec.loader import load_model
 from specdec.training.corpus import load_corpus
@@ -59,6 +60,25 @@ def _line_offsets(text: str) -> list[int]:
         offsets.append(at)
         at += len(line) + 1
     return offsets
+
+
+@torch.inference_mode()
+def head_agreement(target, head, files, max_tokens: int = 20000, seq_len: int = 1024) -> dict:
+    """Positions where an EAGLE-3 head's first and second draft tokens equal the target's argmax."""
+    from specdec.training.eagle3 import head_loss
+
+    first = second = total = 0
+    for f in by_hash(files):
+        ids = target.tokenizer.encode(f.text).ids[: seq_len + 1]
+        if len(ids) < 8:
+            continue
+        batch = torch.tensor([ids])
+        _, (agree0, agree1) = head_loss(head, target, batch)
+        n = len(ids) - 3
+        first, second, total = first + float(agree0) * n, second + float(agree1) * n, total + n
+        if total >= max_tokens:
+            break
+    return {"step0": first / max(1, total), "step1": second / max(1, total)}
 
 
 def next_line_points(files, count: int, seed: int):
@@ -143,7 +163,7 @@ def _parses(text: str) -> bool:
         return False
 
 
-def evaluate(target, draft, held_out, points: int, seed: int) -> dict:
+def evaluate(target, draft, held_out, points: int, seed: int, head=None) -> dict:
     files = by_hash(held_out)
     line_points = next_line_points(files, points, seed)
     copies = copy_points(files, points, seed)
@@ -162,6 +182,8 @@ def evaluate(target, draft, held_out, points: int, seed: int) -> dict:
         print(name, json.dumps(report[name]), file=sys.stderr, flush=True)
     if target is not None and draft is not None:
         report["draft_agreement"] = draft_agreement(target, draft, files)
+    if target is not None and head is not None:
+        report["head_agreement"] = head_agreement(target, head, files)
     return report
 
 
@@ -190,7 +212,10 @@ def main(argv=None) -> int:
             models[name] = load_model(path) if (path / "config.json").exists() else None
     if models["target"] is None:
         raise SystemExit(f"{args.models}/target: no model there")
-    report = evaluate(models["target"], models["draft"], held_out, args.points, args.seed)
+    head = None
+    if not args.run and is_eagle3(args.models / "head"):
+        head = load_eagle3(args.models / "head", models["target"])
+    report = evaluate(models["target"], models["draft"], held_out, args.points, args.seed, head)
     text = json.dumps(report, indent=2) + "\n"
     print(text)
     if args.out or not args.run:
