@@ -23,7 +23,7 @@ import torch
 
 from specdec.loader import load_model, save_model
 from specdec.training.corpus import corpus_summary, load_corpus
-from specdec.training.eagle3 import build_head, head_config, head_loss_fn, save_head
+from specdec.training.eagle3 import build_head, draft_vocabulary, head_config, head_loss_fn, save_head
 from specdec.training.packed import PackedBatches, write_packed
 from specdec.training.recipe import DEFAULT_SHAPE, TARGET_SHAPES, active_params, draft_config, target_config
 from specdec.training.tokenizer import SPECIAL_TOKENS
@@ -89,6 +89,8 @@ def main(argv=None) -> int:
     else:
         maker = _sample_maker(args, tokenizer, seed=settings.seed)
         source = maker
+    if args.stage == "head" and checkpoint_state(run_dir) is None:
+        draft_vocabulary(model, (source.batch(i, 8, settings.seq_len) for i in range(200)))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     log.info("%s %s: %.2fM parameters, %d steps of %d tokens", args.stage, run_dir,

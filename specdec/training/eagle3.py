@@ -20,16 +20,19 @@ from specdec.eagle import ARCHITECTURE, Eagle3Config, Eagle3Head
 from specdec.model import apply_rope, rope_cos_sin
 from specdec.training.recipe import train_forward
 
+DRAFT_VOCAB = 2048  # the most frequent target tokens: most argmaxes, at a quarter of the LM head's cost
 
-def head_config(target_config, aux_layer_ids=None) -> dict:
-    """An EAGLE-3 config for a target: its width, a dense layer, the full vocabulary (d2t zero)."""
+
+def head_config(target_config, aux_layer_ids=None, draft_vocab: int = DRAFT_VOCAB) -> dict:
+    """An EAGLE-3 config for a target: its width, one dense layer, a draft vocabulary of the
+    `draft_vocab` most frequent tokens (set by draft_vocabulary())."""
     layers = target_config.num_layers
     ids = aux_layer_ids or sorted({max(0, layers // 4 - 1), layers // 2 - 1, layers - 2})
     return {"architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
             "hidden_size": target_config.hidden_size, "target_hidden_size": target_config.hidden_size,
             "num_attention_heads": target_config.num_heads, "num_key_value_heads": target_config.num_kv_heads,
             "head_dim": target_config.head_dim, "intermediate_size": 3 * target_config.hidden_size,
-            "vocab_size": target_config.vocab_size, "draft_vocab_size": target_config.vocab_size,
+            "vocab_size": target_config.vocab_size, "draft_vocab_size": min(draft_vocab, target_config.vocab_size),
             "rms_norm_eps": target_config.rms_norm_eps, "rope_theta": target_config.rope_theta,
             "tie_word_embeddings": False, "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(ids)[:3]
                                                              + [ids[-1]] * (3 - len(ids))}}
@@ -49,6 +52,16 @@ def build_head(raw: dict, target, seed: int = 0) -> Eagle3Head:
     return head
 
 
+def draft_vocabulary(head: Eagle3Head, batches) -> None:
+    """d2t from token counts of sample rows: the draft vocabulary is the most frequent target
+    tokens, in the target's id order."""
+    counts = torch.zeros(head.config.vocab_size, dtype=torch.long)
+    for rows in batches:
+        counts += torch.bincount(torch.as_tensor(rows).flatten(), minlength=counts.numel())
+    kept = counts.argsort(descending=True, stable=True)[: head.config.draft_vocab_size].sort().values
+    head.d2t.copy_(kept - torch.arange(len(kept)))
+
+
 def head_loss(head: Eagle3Head, target, ids: torch.Tensor):
     """ids [B, T + 1] -> (loss, (step-0, step-1) agreement with the target's argmax)."""
     capture = head.config.capture_layers(target.config.num_layers)
@@ -59,13 +72,18 @@ def head_loss(head: Eagle3Head, target, ids: torch.Tensor):
     length = g0.shape[1]
     h0, k0, v0 = _step(head, head.fc(g0), tokens1, torch.arange(1, length + 1), None)
     h1, _, _ = _step(head, h0, ids[:, 2:-1], torch.arange(2, length + 2), (k0, v0))
+    kept = head.to_target(torch.arange(head.config.draft_vocab_size, device=ids.device))
+    draft_of = torch.full((head.config.vocab_size,), -100, dtype=torch.long, device=ids.device)
+    draft_of[kept] = torch.arange(len(kept), device=ids.device)
     losses, agree = [], []
     for h, want in ((h0, want0), (h1, want1)):
-        out = head.lm_head(head.norm(h)).float().flatten(0, 1)
+        out = head.lm_head(head.norm(h)).float().flatten(0, 1)  # over the draft vocabulary
         teacher = want.float().flatten(0, 1)
-        soft = F.kl_div(F.log_softmax(out, -1), F.log_softmax(teacher, -1), log_target=True, reduction="batchmean")
-        losses.append(soft + F.cross_entropy(out, teacher.argmax(-1)))
-        agree.append((out.argmax(-1) == teacher.argmax(-1)).float().mean())
+        best = teacher.argmax(-1)
+        soft = F.kl_div(F.log_softmax(out, -1), F.log_softmax(teacher[:, kept], -1), log_target=True,
+                        reduction="batchmean")
+        losses.append(soft + F.cross_entropy(out, draft_of[best], ignore_index=-100))
+        agree.append((kept[out.argmax(-1)] == best).float().mean())
     return losses[0] + losses[1], tuple(agree)
 
 
@@ -99,7 +117,9 @@ def save_head(head: Eagle3Head, raw: dict, out: Path) -> None:
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()
                if k not in ("embed_tokens.weight", "d2t")}
     tensors["d2t"] = head.d2t.clone()
-    tensors["t2d"] = torch.ones(head.config.vocab_size, dtype=torch.bool)
+    t2d = torch.zeros(head.config.vocab_size, dtype=torch.bool)
+    t2d[head.to_target(torch.arange(head.config.draft_vocab_size))] = True
+    tensors["t2d"] = t2d
     save_file(tensors, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps({**raw, "torch_dtype": "bfloat16"}, indent=2) + "\n")
 

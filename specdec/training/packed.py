@@ -33,7 +33,7 @@ class PackedBatches:
     def __init__(self, path: Path, seed: int):
         self.rows = np.load(path)["rows"]
         self.seed = seed
-        self._epoch, self._order = -1, None
+        self._epoch, self._order = None, None
 
     def batch(self, step: int, batch_size: int, seq_len: int) -> list:
         if self.rows.shape[1] != seq_len + 1:

@@ -186,3 +186,18 @@ def test_recipe_trains_an_eagle3_head_and_exports_it(tokenizer, tmp_path):
         assert main([stage, *common]) == 0
     assert main(["export", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "models")]) == 0
     assert is_eagle3(tmp_path / "models" / "head")
+
+
+def test_a_head_drafts_over_the_most_frequent_tokens(tokenizer):
+    from specdec.training.eagle3 import build_head, draft_vocabulary, head_config, head_loss
+
+    target = build_model(tiny_config("moe", tokenizer.get_vocab_size(), 0), seed=1).eval()
+    head = build_head(head_config(target.config, draft_vocab=64), target)
+    maker = _maker(tokenizer)
+    rows = [maker.batch(step, 4, 32) for step in range(10)]
+    draft_vocabulary(head, rows)
+    kept = head.to_target(torch.arange(64))
+    counts = torch.bincount(torch.as_tensor(rows).flatten(), minlength=target.config.vocab_size)
+    assert len(set(kept.tolist())) == 64 and counts[kept].min() >= counts.sort(descending=True).values[63]
+    loss, (step0, step1) = head_loss(head, target, torch.as_tensor(rows[0]))
+    assert torch.isfinite(loss) and 0 <= float(step0) <= 1 and 0 <= float(step1) <= 1
