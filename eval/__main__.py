@@ -73,7 +73,7 @@ def _run(args, argv) -> int:
     records = run_points(engine, index, points, strategies, args.max_tokens, args.seed, baselines=baselines,
                          typing_along=args.typing_along, contexts=contexts)
     results = {"repo": args.repo.resolve().name, "points": len(points), "seed": args.seed,
-               "target": _model_label(engine.target), "draft": _model_label(engine.draft),
+               "target": _model_label(engine.target), "draft": _model_label(engine.draft or engine.head),
                "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
                "adaptive": engine.adaptive, "typing_along": args.typing_along,
                "strategies": summarize(records), "expert_load": expert_load_summary(engine)}

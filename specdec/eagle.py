@@ -179,6 +179,7 @@ def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
     if target is not None and config.target_hidden_size != target.config.hidden_size:
         raise ConfigError(f"{path}: the head reads hidden states of width {config.target_hidden_size}; "
                           f"the target's are {target.config.hidden_size}")
+    head.path = path
     return head.eval()
 
 
@@ -191,12 +192,15 @@ class EagleRunner:
     speculated rows afterwards.
     """
 
-    def __init__(self, head: Eagle3Head, features: torch.Tensor | None = None):
+    def __init__(self, head: Eagle3Head, features: torch.Tensor | None = None, cache: KVCache | None = None,
+                 synced: int = 0):
+        """features, cache, synced: what a prompt-cache entry kept of an earlier request."""
         self.head = head
-        self.cache = head.new_cache()
+        self.cache = cache if cache is not None else head.new_cache()
         width = 3 * head.config.target_hidden_size
         self.features = features if features is not None else torch.zeros(0, width, dtype=head.fc.weight.dtype)
-        self.synced = 0
+        self.synced = synced if cache is not None else 0
+        self.cache.truncate(self.synced)
         self.alternatives = []
 
     def extend(self, rows: torch.Tensor) -> None:

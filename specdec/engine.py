@@ -63,7 +63,8 @@ class Engine:
         kernels.configure_from_environment()
         self.target, self.draft, self.index = target, draft, index
         self.head = head  # an EAGLE-3 head drafts from the target's own hidden states
-        target.capture_layers = head.config.capture_layers(target.config.num_layers) if head is not None else ()
+        if head is not None:  # never reset: another engine on the same target may have a head
+            target.capture_layers = head.config.capture_layers(target.config.num_layers)
         fim_mode = target.config.raw.get("fim_mode", "spm")
         positions = target.config.max_position_embeddings  # room to generate is kept after the prompt
         self.prompts = PromptBuilder(target.tokenizer, fim_mode, min(1536, max(positions // 2, positions - 256)))
@@ -82,7 +83,8 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, target=None, draft=None, index=None, **kwargs) -> "Engine":
-        """None: the embedded defaults (target and draft) and no index; index: an Index or its directory."""
+        """None: the embedded defaults (target and draft model; the EAGLE-3 head in
+        default_models/head is the other choice, as draft=) and no index; index: an Index or its directory."""
         defaults = default_model_dir()
         target_model = load_model(target or defaults / "target")
         draft_path = draft or (defaults / "draft" if target is None else None)

@@ -153,7 +153,9 @@ class Generation:
             if entry is not None and entry.draft is not None:
                 self.draft.adopt(entry.draft, entry.draft_tokens)
         if self._needs_features(options):
-            self.eagle = EagleRunner(engine.head, entry.features if entry is not None else None)
+            kept = entry is not None and entry.features is not None
+            self.eagle = EagleRunner(engine.head, entry.features if kept else None, entry.head if kept else None,
+                                     entry.head_synced if kept else 0)
             self.eagle.truncate(reuse)
         self.stats.prefill_tokens, self.stats.cached_tokens = len(ids) - reuse, reuse
         self._enter(State.PREFILLING)
@@ -337,6 +339,8 @@ class Generation:
         if worth_keeping and self.options.use_prompt_cache:
             draft_cache = self.draft.cache if self.draft is not None else None
             draft_tokens = self.draft.synced if self.draft is not None else ()
-            features = self.eagle.features if self.eagle is not None else None
-            self.engine.prompt_cache.put(self.committed, self.cache, draft_cache, draft_tokens, features)
+            eagle = self.eagle
+            self.engine.prompt_cache.put(self.committed, self.cache, draft_cache, draft_tokens,
+                                         eagle.features if eagle else None, eagle.cache if eagle else None,
+                                         eagle.synced if eagle else 0)
         self.cache = None

@@ -25,9 +25,12 @@ class CacheEntry:
     draft_tokens: list = field(default_factory=list)
     last_used: float = 0.0
     features: object = None  # [n, k*H] the target's captured hidden states, for an EAGLE-3 head
+    head: object = None  # the head's KVCache, holding its first head_synced pairs
+    head_synced: int = 0
 
     def nbytes(self) -> int:
-        return self.target.nbytes() + (self.draft.nbytes() if self.draft is not None else 0)
+        extra = (self.draft.nbytes() if self.draft is not None else 0) + (self.head.nbytes() if self.head is not None else 0)
+        return self.target.nbytes() + extra
 
     def head_copy(self, length: int, capacity: int) -> "CacheEntry":
         """A new entry with copies of the caches' first `length` tokens."""
@@ -36,8 +39,12 @@ class CacheEntry:
             draft_length = min(length, self.draft.length, len(self.draft_tokens))
             draft, draft_tokens = self.draft.clone(draft_length, capacity), self.draft_tokens[:draft_length]
         features = None if self.features is None else self.features[:length].clone()
+        head, head_synced = None, 0
+        if self.head is not None:
+            head_synced = min(self.head_synced, max(0, length - 1))
+            head = self.head.clone(head_synced, capacity)
         return CacheEntry(self.tokens[:length].copy(), self.target.clone(length, capacity), draft, draft_tokens,
-                          features=features)
+                          features=features, head=head, head_synced=head_synced)
 
 
 class PromptCache:
@@ -71,9 +78,10 @@ class PromptCache:
             self.entries.remove(best)
             return best, best_len
 
-    def put(self, tokens: list[int], target, draft=None, draft_tokens=(), features=None) -> None:
+    def put(self, tokens: list[int], target, draft=None, draft_tokens=(), features=None, head=None,
+            head_synced: int = 0) -> None:
         entry = CacheEntry(np.asarray(tokens[: target.length], dtype=np.int64), target, draft,
-                           list(draft_tokens), time.monotonic(), features)
+                           list(draft_tokens), time.monotonic(), features, head, head_synced)
         with self.lock:
             self.entries.append(entry)
             self._evict()
