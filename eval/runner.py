@@ -41,7 +41,8 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
     engine.forget_history(None)  # the warm-up's completions must not be found again
     for i, point in enumerate(points):
         prepare_point(index, point)
-        _complete(engine, index, point, "hybrid", 0)  # prefill the prompt cache, like an editor's earlier keystrokes
+        for context in contexts:  # prefill the prompt cache, like an editor's earlier keystrokes (each prompt)
+            _complete(engine, index, point, "hybrid", 0, context)
         shown = None
         if typing_along:
             point, shown = _typed_along(engine, index, point, max_tokens)
