@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -19,12 +18,9 @@ from pathlib import Path
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
+from eval.metrics import median, percentile
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _percentile(values, q):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def measure(file: Path, points: int, seed: int) -> dict:
@@ -62,8 +58,8 @@ async def measure(file: Path, points: int, seed: int) -> dict:
     client.exit(None)
     await client.stop()
     return {"file": file.relative_to(ROOT).as_posix() if file.is_relative_to(ROOT) else file.name, "points": len(first),
-            "first_ms": {"p50": statistics.median(first), "p95": _percentile(first, 0.95)},
-            "follow_up_ms": {"p50": statistics.median(follow), "p95": _percentile(follow, 0.95)}}
+            "first_ms": {"p50": median(first), "p95": percentile(first, 0.95)},
+            "follow_up_ms": {"p50": median(follow), "p95": percentile(follow, 0.95)}}
 
 
 async def _timed(client, uri, row, column) -> float:
