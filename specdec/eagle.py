@@ -198,17 +198,30 @@ class EagleRunner:
         self.head = head
         self.cache = cache if cache is not None else head.new_cache()
         width = 3 * head.config.target_hidden_size
-        self.features = features if features is not None else torch.zeros(0, width, dtype=head.fc.weight.dtype)
+        # Rows live in a buffer grown by doubling: appending a step's rows copies only them.
+        self._rows = features if features is not None else torch.zeros(0, width, dtype=head.fc.weight.dtype)
+        self._length = len(self._rows)
         self.synced = synced if cache is not None else 0
         self.cache.truncate(self.synced)
         self.alternatives = []
 
+    @property
+    def features(self) -> torch.Tensor:
+        """[tokens the target processed, k*H] (a view of the buffer)."""
+        return self._rows[: self._length]
+
     def extend(self, rows: torch.Tensor) -> None:
-        self.features = torch.cat([self.features, rows.to(self.features.dtype)])
+        need = self._length + len(rows)
+        if need > len(self._rows):
+            grown = self._rows.new_zeros((max(need, 2 * len(self._rows)), self._rows.shape[1]))
+            grown[: self._length] = self._rows[: self._length]
+            self._rows = grown
+        self._rows[self._length : need] = rows
+        self._length = need
 
     def truncate(self, length: int) -> None:
         """Keep the features of the first `length` tokens (a prompt-cache prefix reused)."""
-        self.features = self.features[:length]
+        self._length = min(self._length, length)
         self.synced = min(self.synced, max(0, length - 1))
         self.cache.truncate(self.synced)
 
