@@ -61,10 +61,12 @@ class Retriever:
         self.texts: dict[str, list[str]] = {}  # path -> lines
         self.windows: dict[str, list[Window]] = {}
         self.definitions: dict[str, list[Definition]] = {}  # name -> definitions
+        self.names_of: dict[str, set] = {}  # path -> names it defines (what remove() must visit)
         self.postings: dict[str, set] = {}  # word -> {(path, window number)}
         self.recent = deque(maxlen=max_recent)  # (path, start, end) of the latest edits
         self.window_count = 0
         self.updates: dict[str, int] = {}  # path -> updates seen (what a stable context depends on)
+        self.total_updates = 0
         self.lock = threading.RLock()
 
     # keeping up with the repository ---------------------------------------------------------
@@ -78,11 +80,13 @@ class Retriever:
             self.windows[path] = windows(path, text)
             self.window_count += len(self.windows[path])
             self.updates[path] = self.updates.get(path, 0) + 1
+            self.total_updates += 1
             for number, window in enumerate(self.windows[path]):
                 for word in window.words:
                     self.postings.setdefault(word, set()).add((path, number))
             for definition in _definitions(path, text):
                 self.definitions.setdefault(definition.name, []).append(definition)
+                self.names_of.setdefault(path, set()).add(definition.name)
             if edited and old is not None:
                 start, end = _changed_lines(old, lines)
                 if start < end:
@@ -95,7 +99,7 @@ class Retriever:
             for number, window in enumerate(gone):
                 for word in window.words:
                     self.postings.get(word, set()).discard((path, number))
-            for name in list(self.definitions):
+            for name in self.names_of.pop(path, ()):
                 kept = [d for d in self.definitions[name] if d.path != path]
                 if kept:
                     self.definitions[name] = kept
@@ -106,7 +110,7 @@ class Retriever:
     def generation(self, excluding: str | None = None) -> int:
         """Updates of files other than `excluding`: a context stays valid while this stays put."""
         with self.lock:
-            return sum(self.updates.values()) - self.updates.get(excluding, 0)
+            return self.total_updates - self.updates.get(excluding, 0)
 
     # retrieving -----------------------------------------------------------------------------
 

@@ -88,3 +88,13 @@ def test_context_stays_the_same_across_keystrokes_on_one_line(repo, tiny_models)
     assert moved.stats.retrieval_ms > 0  # another line: retrieved again
     off = engine.complete(APP + line, "\n", max_tokens=4, path="pkg/app.py", document="app", context="none")
     assert off.stats.context_chunks == 0
+
+
+def test_a_changed_file_drops_its_old_definitions(repo):
+    index = Index.build(repo, workers=1)
+    assert index.prepare_retrieval() > 0
+    index.update("pkg/store.py", STORE.replace("get_item", "fetch_item"))
+    texts = "\n".join(c.text for c in index.retrieve(APP, "", path="pkg/app.py", budget_chars=4000))
+    assert "def get_item" not in texts and "def put_item" in texts
+    index.remove("pkg/store.py")
+    assert all(c.path != "pkg/store.py" for c in index.retrieve(APP, "", path="pkg/app.py", budget_chars=4000))
