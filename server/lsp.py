@@ -137,8 +137,8 @@ async def _complete(ls: CompletionServer, params: types.InlineCompletionParams):
     except asyncio.CancelledError:
         handle.cancel()  # $/cancelRequest: the generation stops at the next step
         raise
-    if not invoked and ls.workspace.text_documents.get(unquote(uri)) is not None \
-            and ls.workspace.text_documents[unquote(uri)].version != version:
+    now = ls.workspace.text_documents.get(unquote(uri))
+    if not invoked and now is not None and now.version != version:
         return None  # typed on since: an automatic suggestion for an old state is not shown
     if not result.text:
         return types.InlineCompletionList(items=[])

@@ -134,29 +134,31 @@ def _teacher(args, special: dict, tokenizer):
 
 
 def _export_all(args, tokenizer, special: dict) -> int:
-    report = {}
+    report, models = {}, {}
     for name in ("target", "draft"):
         model, raw, state = run_model(args.runs / name)
+        models[name] = model
         export_model(model, raw, tokenizer, args.out / name)
         log.info("exported %s (step %d, %.1f min) to %s", name, state["step"], state["elapsed"] / 60, args.out / name)
         report[name] = {"total_params": sum(p.numel() for p in model.parameters()),
-                        "active_params": active_params(model.config), "train_steps": state["step"],
-                        "train_tokens": state["step"] * state.get("tokens_per_step", 8 * 1024),
-                        "train_minutes": round(state["elapsed"] / 60, 1)}
-    head_run = args.runs / "head"
-    if checkpoint_state(head_run) is not None:
-        raw = json.loads((head_run / "config.json").read_text())
-        teacher = run_model(args.runs / "target")[0]
-        head = build_head(raw, teacher)
-        state = checkpoint_state(head_run)
-        head.load_state_dict(state["model"])
+                        "active_params": active_params(model.config), **_trained(state)}
+    head_state = checkpoint_state(args.runs / "head")
+    if head_state is not None:
+        raw = json.loads((args.runs / "head" / "config.json").read_text())
+        head = build_head(raw, models["target"])
+        head.load_state_dict(head_state["model"])
         save_head(head, raw, args.out / "head")
         report["head"] = {"trained_params": sum(p.numel() for p in head.parameters() if p.requires_grad),
-                          "train_steps": state["step"], "train_tokens": state["step"] * state.get("tokens_per_step", 8192),
-                          "train_minutes": round(state["elapsed"] / 60, 1)}
-        log.info("exported the EAGLE-3 head (step %d) to %s", state["step"], args.out / "head")
+                          **_trained(head_state)}
+        log.info("exported the EAGLE-3 head (step %d) to %s", head_state["step"], args.out / "head")
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def _trained(state: dict) -> dict:
+    """Steps, tokens and minutes of a run, from its checkpoint."""
+    return {"train_steps": state["step"], "train_tokens": state["step"] * state.get("tokens_per_step", 8 * 1024),
+            "train_minutes": round(state["elapsed"] / 60, 1)}
 
 
 def export_model(model, raw: dict, tokenizer, out: Path) -> None:
