@@ -26,6 +26,10 @@ def main(argv=None) -> int:
     r.add_argument("--max-tokens", type=int, default=64)
     r.add_argument("--target", type=Path)
     r.add_argument("--draft", type=Path)
+    r.add_argument("--drafts", default="", metavar="LABEL=DIR,...",
+                   help="other drafts for the same target: their draft and hybrid run as draft+LABEL, hybrid+LABEL")
+    r.add_argument("--held-out-of", type=Path, metavar="DRAFT_DIR",
+                   help="sample points only from the files an adapted draft held out (its adapt.json)")
     r.add_argument("--baselines", action="store_true", help="also time transformers' generate, prompt lookup and assisted decoding")
     r.add_argument("--always-speculate", action="store_true",
                    help="speculate at every step with every node the sources offer (up to the tree budget), even where "
@@ -59,7 +63,7 @@ def _run(args, argv) -> int:
         strategies.insert(0, "ar")
     if not args.repo.is_dir():
         raise ValueError(f"{args.repo}: not a directory")
-    points = sample_points(args.repo, args.points, args.seed, args.mode)
+    points = sample_points(args.repo, args.points, args.seed, args.mode, files=_held_out(args))
     if not points:
         raise ValueError(f"{args.repo}: no source files to sample completion points from")
     index = Index.build(args.repo)
@@ -70,10 +74,13 @@ def _run(args, argv) -> int:
 
         baselines = HFBaselines(args.target or default_model_dir() / "target",
                                 args.draft or (default_model_dir() / "draft" if args.target is None else None))
+    drafts = {label: Engine.from_pretrained(args.target, path, index, adaptive=engine.adaptive)
+              for label, path in _drafts(args.drafts).items()}
     records = run_points(engine, index, points, strategies, args.max_tokens, args.seed, baselines=baselines,
-                         typing_along=args.typing_along, contexts=contexts)
+                         typing_along=args.typing_along, contexts=contexts, drafts=drafts)
     results = {"repo": args.repo.resolve().name, "points": len(points), "seed": args.seed,
                "target": _model_label(engine.target), "draft": _model_label(engine.draft or engine.head),
+               "drafts": {label: _model_label(e.draft) for label, e in drafts.items()},
                "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
                "adaptive": engine.adaptive, "typing_along": args.typing_along,
                "strategies": summarize(records), "expert_load": expert_load_summary(engine)}
@@ -86,6 +93,27 @@ def _run(args, argv) -> int:
     write_plots(results, records, args.out)
     print((args.out / "report.md").read_text())
     return 0
+
+
+def _drafts(spec: str) -> dict[str, Path]:
+    drafts = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        label, _, path = item.partition("=")
+        if not label.isidentifier() or not path:
+            raise ValueError(f"--drafts {item!r}: expected LABEL=DIR")
+        drafts[label] = Path(path)
+    return drafts
+
+
+def _held_out(args) -> list[str] | None:
+    """Repository-relative paths held out by an adapted draft (its card), or None for all files."""
+    if args.held_out_of is None:
+        return None
+    card = json.loads((args.held_out_of / "adapt.json").read_text())
+    files = [p for p in card["held_out_files"] if (args.repo / p).is_file()]
+    if not files:
+        raise ValueError(f"{args.held_out_of}: none of its held-out files is in {args.repo}")
+    return files
 
 
 def _compare(args) -> int:

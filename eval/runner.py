@@ -12,37 +12,50 @@ from eval.points import Point
 WARMUP_POINTS = 3
 
 
-def variant_name(strategy: str, context: str, contexts) -> str:
-    """The strategy under the first context; "strategy@context" under the others."""
-    return strategy if context == contexts[0] else f"{strategy}@{context}"
+DRAFTED = ("draft", "hybrid")  # the strategies that another draft changes
+
+
+def variant_name(strategy: str, context: str, contexts, draft: str | None = None) -> str:
+    """The strategy under the first context; "strategy@context" under the others; "+draft" with
+    another draft than the engine's own."""
+    name = strategy if context == contexts[0] else f"{strategy}@{context}"
+    return f"{name}+{draft}" if draft else name
 
 
 def reference_name(name: str) -> str:
     """`ar` under the same context: what a variant's losslessness and speed are measured against."""
+    name = name.split("+", 1)[0]
     return "ar" + name[name.index("@"):] if "@" in name else "ar"
 
 
 def run_points(engine, index, points: list[Point], strategies, max_tokens: int, seed: int, progress=True,
-               baselines=None, typing_along: bool = False, contexts=("auto",)) -> dict:
+               baselines=None, typing_along: bool = False, contexts=("auto",), drafts=None) -> dict:
     """{variant: [per-point record]}; `ar` must be among the strategies (it is the reference).
     A variant is a strategy under one of `contexts` (repository retrieval "auto" or "none").
 
     typing_along: each point is first completed (untimed, as the suggestion the editor shows);
     then the user types the suggestion's first TYPED_CHARS characters, and that follow-up
-    request is what every strategy is timed on, each with the same suggestion in its history."""
+    request is what every strategy is timed on, each with the same suggestion in its history.
+
+    drafts: {label: engine} of the same target with other drafts; their draft and hybrid variants
+    ("hybrid+label") run interleaved with the rest, against the same `ar`."""
     rng = random.Random(seed)
-    variants = [(s, c) for c in contexts for s in strategies]
-    records = {variant_name(s, c, contexts): [] for s, c in variants}
+    engines = {None: engine, **(drafts or {})}
+    variants = [(s, c, None) for c in contexts for s in strategies]
+    variants += [(s, c, label) for label in drafts or {} for c in contexts for s in strategies if s in DRAFTED]
+    records = {variant_name(s, c, contexts, d): [] for s, c, d in variants}
     if baselines:
         records.update({name: [] for name in baselines.names})
-    for point in points[:WARMUP_POINTS]:  # warm the caches and lazy measurements, untimed
-        _complete(engine, index, point, "hybrid", max_tokens)
-    engine.reset_expert_load()
-    engine.forget_history(None)  # the warm-up's completions must not be found again
+    for each in engines.values():
+        for point in points[:WARMUP_POINTS]:  # warm the caches and lazy measurements, untimed
+            _complete(each, index, point, "hybrid", max_tokens)
+        each.reset_expert_load()
+        each.forget_history(None)  # the warm-up's completions must not be found again
     for i, point in enumerate(points):
         prepare_point(index, point)
-        for context in contexts:  # prefill the prompt cache, like an editor's earlier keystrokes (each prompt)
-            _complete(engine, index, point, "hybrid", 0, context)
+        for each in engines.values():
+            for context in contexts:  # prefill the prompt cache, like an editor's earlier keystrokes (each prompt)
+                _complete(each, index, point, "hybrid", 0, context)
         shown = None
         if typing_along:
             point, shown = _typed_along(engine, index, point, max_tokens)
@@ -50,14 +63,16 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
                 continue
         order = list(variants)
         rng.shuffle(order)
-        for strategy, context in order:
+        for strategy, context, label in order:
+            each = engines[label]
             if shown is not None:
-                engine.forget_history(None)
-                engine.history.record(None, shown[0], shown[1])
-            result = _complete(engine, index, point, strategy, max_tokens, context)
-            records[variant_name(strategy, context, contexts)].append(_record(point, result))
+                each.forget_history(None)
+                each.history.record(None, shown[0], shown[1])
+            result = _complete(each, index, point, strategy, max_tokens, context)
+            records[variant_name(strategy, context, contexts, label)].append(_record(point, result))
         if not typing_along:
-            engine.forget_history(None)  # each point on its own: no strategy finds another's answer
+            for each in engines.values():
+                each.forget_history(None)  # each point on its own: no strategy finds another's answer
         if baselines:
             reference = records["ar"][-1]
             for name, record in baselines.run(engine, point, reference).items():

@@ -56,7 +56,7 @@ class LspCommand:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol
         if args.tcp and not args.tcp.rpartition(":")[2].isdigit():
             raise ValueError(f"--tcp {args.tcp!r}: expected HOST:PORT")
-        return run(Engine.from_pretrained(args.target, args.draft), args.repo, args.tcp)
+        return run(Engine.from_pretrained(args.target, args.draft, repo=args.repo), args.repo, args.tcp)
 
 
 LSP = LspCommand()

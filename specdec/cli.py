@@ -45,17 +45,57 @@ def main(argv=None) -> int:
     c.add_argument("--context", choices=CONTEXTS, default="auto",
                    help="auto: put retrieved repository code in the prompt (with --repo or --index); none: do not")
     c.add_argument("--json", action="store_true", help="print text and statistics as JSON")
+    a = sub.add_parser("adapt", help="distil the draft on a repository's code (lossless: only acceptance changes)")
+    a.add_argument("repo", type=Path)
+    a.add_argument("--index", type=Path, help="a saved index directory to carry the draft (default: REPO/.specdec)")
+    a.add_argument("--out", type=Path, help="where to write the adapted draft (default: INDEX/draft or REPO/.specdec/draft)")
+    a.add_argument("--minutes", type=float, default=5.0, help="wall-clock bound of the run")
+    a.add_argument("--draft", type=Path, help="the draft to start from (default: the shipped one)")
+    a.add_argument("--target", type=Path, help="the teacher (default: the shipped target)")
+    a.add_argument("--min-changed", type=int, default=0, metavar="N",
+                   help="do nothing unless N files changed since the last adaptation (for scheduled refreshes)")
+    a.add_argument("--seed", type=int, default=0)
     commands = registered_commands()
     for name, command in sorted(commands.items()):
         command.add_arguments(sub.add_parser(name, help=command.help))
     args = parser.parse_args(argv)
     try:
-        return _complete(args) if args.command == "complete" else commands[args.command].run(args)
+        if args.command in ("complete", "adapt"):
+            return _complete(args) if args.command == "complete" else _adapt(args)
+        return commands[args.command].run(args)
     except (ConfigError, CheckpointError, ValueError, OSError) as err:
         print(f"specdec: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _adapt(args) -> int:
+    import logging
+
+    from specdec.adapted import check_fits, read_card, repository_draft_dir, target_fingerprint
+    from specdec.engine import default_model_dir
+    from specdec.training.adapt import AdaptSettings, adapt, changed_since, repository_files
+
+    if not args.repo.is_dir():
+        raise ValueError(f"{args.repo}: not a directory")
+    if args.minutes <= 0:
+        raise ValueError(f"--minutes {args.minutes}: must be positive")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    target = args.target or default_model_dir() / "target"
+    draft = args.draft or default_model_dir() / "draft"
+    check_fits(draft, target)
+    out = args.out or repository_draft_dir(args.repo, args.index)
+    card = read_card(out) if out.exists() else None
+    if args.min_changed and card and card.get("target_fingerprint") == target_fingerprint(target):
+        changed = changed_since(card, repository_files(args.repo))
+        if changed < args.min_changed:
+            print(f"{out}: up to date ({changed} file(s) changed since it was adapted, fewer than {args.min_changed})")
+            return 0
+    card = adapt(args.repo, out, target, draft, AdaptSettings(minutes=args.minutes, seed=args.seed,
+                                                              progress=sys.stderr.isatty()))
+    print(json.dumps({k: v for k, v in card.items() if k not in ("file_hashes", "held_out_files")}, indent=2))
+    return 0
 
 
 def _split_at_cursor(text: str, line: int, col: int):
@@ -80,7 +120,7 @@ def _complete(args) -> int:
         from prefixcache import Index
 
         index = Index.build(args.repo)
-    engine = Engine.from_pretrained(args.target, args.draft, index)
+    engine = Engine.from_pretrained(args.target, args.draft, index, repo=args.repo)
     if engine.index is not None:
         try:
             path = engine.index.relative(args.file.resolve())

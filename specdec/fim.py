@@ -21,6 +21,7 @@ FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX = "<|fim_prefix|>", "<|fim_middle|>", "<|fim_
 FILE_SEP, EOT = "<|file_sep|>", "<|endoftext|>"
 MAX_CONTEXT_TOKENS = 1536  # of the model's 2048 positions, leaving room to generate
 CHARS_PER_TOKEN_MAX = 6  # code averages 3.7 characters per token with the default tokenizer
+MAX_HEALED_TOKENS = 4  # a word being typed rarely spans more tokens than this
 ANCHOR_EVERY = 8  # about one line in this many is a place where a too-long prefix may be cut
 
 
@@ -115,14 +116,31 @@ class PromptBuilder:
     def _heal(self, ids: list[int]):
         """(ids without the healed tail, the tail's text, tokens allowed to start the completion)."""
         back = 0
-        while back < min(4, len(ids)) and not self.vocab_text[ids[-1 - back]].strip():
+        while back < min(MAX_HEALED_TOKENS, len(ids)) and not self.vocab_text[ids[-1 - back]].strip():
             back += 1
-        for count in ((back, 1) if back else (1,)):
+        counts = (back, 1) if back else range(self._word_tail(ids), 0, -1)
+        for count in counts:  # the longest tail that some single token still covers
             text = "".join(self.vocab_text[i] for i in ids[len(ids) - count :])
             allowed = self.tokens_starting_with(text)
             if allowed:
                 return ids[: len(ids) - count], text, allowed
         return ids, "", None
+
+    def _word_tail(self, ids: list[int]) -> int:
+        """How many final tokens spell the word being typed (`ret`+`u` of `retu`), at least 1.
+
+        Healing one token would leave `ret` in the prompt, a split training text never shows
+        before `return`, and the model then continues an identifier `retu...` instead."""
+        count = 0
+        while count < min(MAX_HEALED_TOKENS, len(ids)):
+            piece = self.vocab_text[ids[-1 - count]]
+            core = piece[1:] if piece[:1] == " " else piece
+            if not core or not (core.replace("_", "a").isalnum()):
+                break
+            count += 1
+            if core is not piece:  # a leading space starts the word
+                break
+        return max(1, count)
 
     def tokens_starting_with(self, text: str) -> list[int]:
         """Ids of the (non-special) tokens whose text starts with `text`, in sorted-text order."""

@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--data", type=Path, help="a packed corpus (pack stage) instead of the live corpus")
+    parser.add_argument("--mix", choices=("default", "copy"), default="default",
+                        help="sample kinds (copy: a third of the samples see an edited earlier revision first)")
     parser.add_argument("--init-from", type=Path, help="a model directory to start from when there is no checkpoint")
     parser.add_argument("--teacher", type=Path, help="the draft's teacher (default: runs/target's checkpoint)")
     return parser
@@ -111,11 +113,11 @@ def tokenizer_of_defaults():
 
 def _sample_maker(args, tokenizer, seed: int | None = None):
     # Imported here: a machine that trains from a packed corpus needs neither it nor prefixcache.
-    from specdec.training.samples import SampleMaker
+    from specdec.training.samples import MIXES, SampleMaker
 
     train_files, held_out = load_corpus(args.runs / "corpus" / "downloads")
     log.info("corpus: train %s, held out %s", corpus_summary(train_files), corpus_summary(held_out))
-    return SampleMaker(train_files, tokenizer, seed=args.seed if seed is None else seed)
+    return SampleMaker(train_files, tokenizer, seed=args.seed if seed is None else seed, mix=MIXES[args.mix])
 
 
 def _initial_model(raw: dict, args, run_dir: Path):

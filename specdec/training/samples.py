@@ -36,6 +36,13 @@ class Mix:
     window_chars: int = 3200  # about 860 tokens at 3.7 characters per token
     context_chars: int = 1400  # retrieved chunks, all together
     siblings: int = 8  # files whose windows are ranked for retrieval
+    revision: float = 0.0  # samples whose only context is an edited earlier revision of their window
+
+
+# Induction (copy what the context already holds) is what the plain mix taught least; the copy mix
+# shows a third of the samples an earlier revision of their own code first, as the engine's
+# "recently edited" chunks and the prompt cache do, with edits so that blind copying is wrong.
+MIXES = {"default": Mix(), "copy": Mix(context=0.4, answer_chunk=0.15, revision=0.35)}
 
 
 class SampleMaker:
@@ -58,11 +65,15 @@ class SampleMaker:
         """One training sample as token ids, ending with <|endoftext|>."""
         m, sp = self.mix, self.special
         file = self.files[_bisect(self.cumulative, rng.random() * self.cumulative[-1])]
-        window = _window(rng, file.text, m.window_chars)
+        draw = rng.random()
+        revised = draw < m.revision  # the revision and the window share the row: half as long each
+        window = _window(rng, file.text, m.window_chars // (2 if revised else 1))
         kind = rng.random()
         prefix, middle, suffix = ("", window, "") if kind < m.plain else _split(rng, window)
         ids = []
-        if rng.random() < m.context:
+        if revised:
+            ids = [sp[FILE_SEP]] + self.encode(f"{file.path}\n{_revised(rng, file.text, window)}\n")
+        elif draw < m.revision + m.context:
             ids = self._context(rng, file, window, prefix, middle, suffix)
         if kind < m.plain:
             return ids + [sp[FILE_SEP]] + self.encode(f"{file.path}\n{window}") + [sp[EOT]]
@@ -129,6 +140,25 @@ def _window(rng: random.Random, text: str, size: int) -> str:
     start = text.rfind("\n", 0, start) + 1
     end = text.find("\n", start + size)
     return text[start : len(text) if end < 0 else end + 1]
+
+
+def _revised(rng: random.Random, text: str, window: str) -> str:
+    """An earlier revision of `window`: the same lines, often shifted, with some removed,
+    duplicated or replaced by other lines of the file."""
+    if rng.random() < 0.5:  # overlapping, not identical: the copy starts or ends elsewhere
+        at = text.find(window)
+        if at >= 0:
+            start = text.rfind("\n", 0, max(0, at + int(len(window) * rng.uniform(-0.5, 0.5)))) + 1
+            window = text[start : start + len(window)]
+    lines, others, out = window.split("\n"), text.split("\n"), []
+    for line in lines:
+        edit = rng.random()
+        if edit < 0.06:
+            continue
+        if edit < 0.10:
+            out.append(rng.choice(others))
+        out.append(line)
+    return "\n".join(out)
 
 
 def _split(rng: random.Random, window: str):

@@ -63,7 +63,7 @@ def lr_at(step: int, s: TrainSettings) -> float:
     return s.lr * max(0.05, 1 - (step - decay_start) / max(1, total - decay_start))
 
 
-def _loss(model, batch, s: TrainSettings, teacher=None):
+def batch_loss(model, batch, s: TrainSettings, teacher=None):
     ids = torch.as_tensor(batch, device=s.device)
     inputs, labels = ids[:, :-1], ids[:, 1:]
     with _autocast(s.device):
@@ -98,7 +98,7 @@ def train(model, batch_at: Callable[[int], list], s: TrainSettings, run_dir: Pat
     optimizer = torch.optim.AdamW(trained, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1,
                                   fused=s.device.startswith("cuda"))
     step, elapsed = _resume(run_dir, model, optimizer)
-    loss_fn = loss_fn or (lambda m, batch: _loss(m, batch, s, teacher))
+    loss_fn = loss_fn or (lambda m, batch: batch_loss(m, batch, s, teacher))
     if s.device.startswith("cuda"):
         loss_fn = torch.compile(loss_fn)
     model.train()

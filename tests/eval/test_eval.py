@@ -110,3 +110,29 @@ def test_typing_along_mode_times_the_follow_up(tiny_models, tmp_path):
     hybrid = results["strategies"]["hybrid"]
     assert hybrid["points"] >= 3 and hybrid["identical_to_ar"] == 1.0
     assert hybrid["accepted_by_source"]["history"] > 0 and hybrid["tau"] > 1.5
+
+
+def test_other_drafts_run_interleaved_on_held_out_files(tiny_models, tmp_path):
+    import shutil
+
+    from specdec.adapted import CARD, target_fingerprint
+
+    repo = _tiny_repo(tmp_path)
+    other = tmp_path / "adapted"
+    shutil.copytree(tiny_models[1], other)
+    (other / CARD).write_text(json.dumps({"target_fingerprint": target_fingerprint(tiny_models[0]),
+                                          "held_out_files": ["m1.py", "m2.py", "gone.py"]}))
+    out = tmp_path / "out"
+    rc = eval_main(["run", "--repo", str(repo), "--points", "4", "--seed", "3", "--out", str(out),
+                    "--target", str(tiny_models[0]), "--draft", str(tiny_models[1]), "--max-tokens", "8",
+                    "--strategies", "ar,draft,hybrid", "--drafts", f"adapted={other}", "--held-out-of", str(other)])
+    assert rc == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["strategies"]) == {"ar", "draft", "hybrid", "draft+adapted", "hybrid+adapted"}
+    assert all(s["identical_to_ar"] == 1.0 for s in results["strategies"].values())
+    rows = [json.loads(line) for line in (out / "points.jsonl").read_text().splitlines()]
+    assert {r["path"] for r in rows} <= {"m1.py", "m2.py"}
+    (other / CARD).write_text(json.dumps({"target_fingerprint": "0" * 64, "held_out_files": ["m1.py"]}))
+    assert eval_main(["run", "--repo", str(repo), "--points", "2", "--out", str(out), "--target", str(tiny_models[0]),
+                      "--drafts", f"adapted={other}"]) == 2
+    assert eval_main(["run", "--repo", str(repo), "--points", "2", "--out", str(out), "--drafts", "bad"]) == 2

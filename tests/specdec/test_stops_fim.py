@@ -81,3 +81,18 @@ def test_window_sliding_by_whole_lines_keeps_the_cut(tiny_models):
     full = builder.build("\n".join(lines) + "\n    x = ", "")
     slid = builder.build("\n".join(lines[1:]) + "\n    x = ", "")
     assert full.ids == slid.ids
+
+
+def test_healing_takes_back_the_whole_word_being_typed():
+    """`retu` tokenizes as `ret`+`u`: healing only `u` would leave `ret` in the prompt, a split the
+    model never saw before `return`; the whole word goes, and `return` may start the completion."""
+    from specdec import default_model_dir, load_model
+
+    builder = PromptBuilder(load_model(default_model_dir() / "draft").tokenizer, "spm")
+    pieces = [builder.vocab_text[i] for i in builder.encode("x = 1\n        retu")]
+    assert pieces[-2:] == ["ret", "u"]  # the premise: the word spans two tokens
+    prompt = builder.build("x = 1\n        retu", "")
+    assert prompt.healed_text == "retu"
+    assert "return" in {builder.vocab_text[i] for i in prompt.allowed_first}
+    assert builder.build("value = get_field_na", "").healed_text.endswith("na")  # no single token covers it all
+    assert builder.build("x = self.", "").healed_text == "."

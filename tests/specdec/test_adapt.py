@@ -1,0 +1,116 @@
+"""`specdec adapt`: a draft distilled on a repository, its card, and who may use it."""
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specdec import Engine
+from specdec.adapted import CARD, AdaptedDraftMismatch, adapted_draft_for, repository_draft_dir, target_fingerprint
+from specdec.cli import main as cli_main
+from specdec.training.adapt import AdaptError, AdaptSettings, adapt, changed_since, repository_files, split_files
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """A small real repository: this project's own prefix-cache sources."""
+    root = tmp_path_factory.mktemp("repo") / "mini"
+    shutil.copytree(ROOT / "prefixcache", root / "prefixcache", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def adapted(repo, tiny_models):
+    target, draft = tiny_models
+    out = repository_draft_dir(repo)
+    card = adapt(repo, out, target, draft, AdaptSettings(minutes=0.08, seq_len=64, batch_size=2, progress=False))
+    return out, card
+
+
+def test_split_is_stable_and_holds_files_out(repo):
+    files = repository_files(repo)
+    adapt_files, held = split_files(files)
+    assert held and adapt_files and len(held) + len(adapt_files) == len(files)
+    assert {f.path for f in held}.isdisjoint({f.path for f in adapt_files})
+    assert [f.path for f in split_files(list(reversed(files)))[1]] == [f.path for f in reversed(held)]
+
+
+def test_card_and_layout(adapted, tiny_models):
+    out, card = adapted
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert json.loads((out / CARD).read_text()) == card
+    assert card["target_fingerprint"] == target_fingerprint(tiny_models[0])
+    assert card["steps"] > 0 and card["tokens"] > 0 and not card["interrupted"]
+    assert 0 <= card["agreement_before"] <= 1 and 0 <= card["agreement_after"] <= 1
+    assert card["files"]["held_out"] == len(card["held_out_files"]) > 0
+
+
+def test_engine_uses_the_repositorys_draft_and_stays_lossless(adapted, repo, tiny_models):
+    out, _ = adapted
+    engine = Engine.from_pretrained(tiny_models[0], None, repo=repo, adaptive=False)
+    assert Path(engine.draft.path).resolve() == out.resolve()
+    prefix = (repo / "prefixcache" / "index.py").read_text()[:900]
+    ar = engine.complete(prefix, "", strategy="ar", max_tokens=24)
+    for strategy in ("draft", "hybrid"):
+        assert engine.complete(prefix, "", strategy=strategy, max_tokens=24).tokens == ar.tokens
+
+
+def test_a_draft_adapted_against_another_target_is_refused(adapted, tmp_path, tiny_models, caplog, capsys):
+    out, card = adapted
+    foreign = tmp_path / "repo"
+    shutil.copytree(out, repository_draft_dir(foreign))
+    card_path = repository_draft_dir(foreign) / CARD
+    card_path.write_text(json.dumps({**card, "target_fingerprint": "0" * 64}))
+    with pytest.raises(AdaptedDraftMismatch, match="adapted against another target"):
+        Engine.from_pretrained(tiny_models[0], repository_draft_dir(foreign))
+    with caplog.at_level(logging.WARNING, logger="specdec.adapted"):
+        assert adapted_draft_for(tiny_models[0], repo=foreign) is None
+    assert "falling back to the shipped one" in caplog.text
+    source = foreign / "a.py"
+    source.write_text("x = 1\n")
+    code = cli_main(["complete", str(source), "--line", "1", "--col", "5", "--target", str(tiny_models[0]),
+                     "--draft", str(repository_draft_dir(foreign))])
+    assert code == 2 and "adapted against another target" in capsys.readouterr().err
+
+
+def test_refresh_counts_changed_files(adapted, repo, tiny_models, capsys):
+    _, card = adapted
+    target, draft = tiny_models
+    assert cli_main(["adapt", str(repo), "--min-changed", "3", "--target", str(target), "--draft", str(draft)]) == 0
+    assert "up to date (0 file(s) changed" in capsys.readouterr().out
+    files = repository_files(repo)
+    assert changed_since(card, files) == 0
+    files[0].text += "\n# edited\n"
+    assert changed_since(card, files[1:]) == 1 and changed_since(card, files) == 1
+
+
+def test_cli_refuses_bad_input(tmp_path, capsys):
+    assert cli_main(["adapt", str(tmp_path / "missing")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli_main(["adapt", str(tmp_path / "empty"), "--minutes", "0"]) == 2
+    assert "--minutes" in capsys.readouterr().err
+    with pytest.raises(AdaptError, match="too few"):
+        split_files([])
+
+
+def test_an_eagle3_head_adapts_too(repo, tiny_models, tmp_path):
+    from specdec import load_model
+    from specdec.training.eagle3 import build_head, head_config, save_head
+
+    target = load_model(tiny_models[0])
+    raw = head_config(target.config)
+    save_head(build_head(raw, target), raw, tmp_path / "head")
+    out = tmp_path / "adapted_head"
+    card = adapt(repo, out, tiny_models[0], tmp_path / "head",
+                 AdaptSettings(minutes=0.05, seq_len=64, batch_size=2, progress=False))
+    assert card["kind"] == "eagle3" and card["steps"] > 0 and (out / "model.safetensors").is_file()
+    engine = Engine.from_pretrained(tiny_models[0], out, adaptive=False)
+    assert engine.head is not None
+    prefix = (repo / "prefixcache" / "files.py").read_text()[:700]
+    ar = engine.complete(prefix, "", strategy="ar", max_tokens=16)
+    assert engine.complete(prefix, "", strategy="hybrid", max_tokens=16).tokens == ar.tokens
