@@ -24,6 +24,9 @@ class ServeCommand:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8012)
         parser.add_argument("--api-key", default=None, help="or SPECDEC_API_KEY; protects all but /health")
+        from specdec.cli import add_expert_parallel_arguments
+
+        add_expert_parallel_arguments(parser)
 
     def run(self, args) -> int:
         from server.main import serve
@@ -31,10 +34,41 @@ class ServeCommand:
 
         settings = Settings.from_env(host=args.host, port=args.port, api_key=args.api_key, repo=args.repo,
                                      target=args.target, draft=args.draft)
-        return serve(settings)
+        if not args.expert_parallel:
+            return serve(settings)
+        return _serve_expert_parallel(settings, args.expert_stats)
 
 
 SERVE = ServeCommand()
+
+
+def _serve_expert_parallel(settings, statistics) -> int:
+    """Rank 0 serves; the other ranks follow its steps. When the group fails, the server stops
+    itself (as on Ctrl-C) and exits 1 with the reason."""
+    import logging
+    import os
+    import signal
+
+    from server.main import serve
+    from specdec import Engine, default_model_dir, expert_parallel
+
+    channel, model = expert_parallel.start(settings.target or default_model_dir() / "target", statistics)
+    if channel.rank != 0:
+        return expert_parallel.run_follower(model, channel)
+
+    def stop_server(reason: str) -> None:
+        logging.getLogger("specdec.serve").error("stopping: %s", reason)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    channel.on_failure = stop_server
+    try:
+        engine = Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo, target_model=model)
+        serve(settings, engine)
+    finally:
+        channel.close()
+    if channel.broken:
+        raise SystemExit(f"specdec: error: {channel.broken}")
+    return 0
 
 
 @dataclass(frozen=True)

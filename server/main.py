@@ -128,12 +128,12 @@ def _authorized(scope, key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
-def serve(settings: Settings) -> int:
-    """specdec serve: run uvicorn on the settings' host and port."""
+def serve(settings: Settings, engine=None) -> int:
+    """specdec serve: run uvicorn on the settings' host and port (engine: one already loaded)."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
         log.warning("listening on %s without an API key: anyone who can reach it can use it", settings.host)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    uvicorn.run(create_app(settings, engine), host=settings.host, port=settings.port, log_level="info")
     return 0

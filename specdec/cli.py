@@ -12,6 +12,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from specdec.config import ConfigError
+from specdec.distributed import ExpertParallelError
 from specdec.loader import CheckpointError
 from specdec.options import CONTEXTS, MODES, STRATEGIES, CompletionOptions
 
@@ -45,6 +46,7 @@ def main(argv=None) -> int:
     c.add_argument("--context", choices=CONTEXTS, default="auto",
                    help="auto: put retrieved repository code in the prompt (with --repo or --index); none: do not")
     c.add_argument("--json", action="store_true", help="print text and statistics as JSON")
+    add_expert_parallel_arguments(c)
     a = sub.add_parser("adapt", help="distil the draft on a repository's code (lossless: only acceptance changes)")
     a.add_argument("repo", type=Path)
     a.add_argument("--index", type=Path, help="a saved index directory to carry the draft (default: REPO/.specdec)")
@@ -66,6 +68,9 @@ def main(argv=None) -> int:
     except (ConfigError, CheckpointError, ValueError, OSError) as err:
         print(f"specdec: error: {err}", file=sys.stderr)
         return 2
+    except ExpertParallelError as err:
+        print(f"specdec: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
@@ -98,6 +103,13 @@ def _adapt(args) -> int:
     return 0
 
 
+def add_expert_parallel_arguments(parser) -> None:
+    parser.add_argument("--expert-parallel", action="store_true",
+                        help="under torchrun: each rank holds 1/WORLD_SIZE of every MoE layer's experts")
+    parser.add_argument("--expert-stats", type=Path, metavar="FILE",
+                        help="place experts by these recorded loads (an eval results.json or tokens_per_expert)")
+
+
 def _split_at_cursor(text: str, line: int, col: int):
     lines = text.split("\n")
     if not 1 <= line <= len(lines):
@@ -109,18 +121,36 @@ def _split_at_cursor(text: str, line: int, col: int):
 
 
 def _complete(args) -> int:
-    from specdec.engine import Engine
+    from specdec.engine import default_model_dir
 
     text = args.file.read_text(encoding="utf-8", errors="replace")
     prefix, suffix = _split_at_cursor(text, args.line, args.col)
-    index, path = None, None
+    index = None
     if args.index:
         index = args.index
     elif args.repo:
         from prefixcache import Index
 
         index = Index.build(args.repo)
-    engine = Engine.from_pretrained(args.target, args.draft, index, repo=args.repo)
+    channel, target_model = None, None
+    if args.expert_parallel:
+        from specdec import expert_parallel
+
+        channel, target_model = expert_parallel.start(args.target or default_model_dir() / "target", args.expert_stats)
+        if channel.rank != 0:
+            return expert_parallel.run_follower(target_model, channel)
+    try:
+        return _complete_with(args, prefix, suffix, index, target_model)
+    finally:
+        if channel is not None:
+            channel.close()
+
+
+def _complete_with(args, prefix: str, suffix: str, index, target_model) -> int:
+    from specdec.engine import Engine
+
+    path = None
+    engine = Engine.from_pretrained(args.target, args.draft, index, repo=args.repo, target_model=target_model)
     if engine.index is not None:
         try:
             path = engine.index.relative(args.file.resolve())

@@ -83,18 +83,19 @@ class Engine:
             self.warm_up()
 
     @classmethod
-    def from_pretrained(cls, target=None, draft=None, index=None, repo=None, **kwargs) -> "Engine":
+    def from_pretrained(cls, target=None, draft=None, index=None, repo=None, target_model=None, **kwargs) -> "Engine":
         """None: the embedded defaults (target and draft model; the EAGLE-3 head in
         default_models/head is the other choice, as draft=) and no index; index: an Index or its directory.
         With no draft given, a draft adapted to `repo` (or to the saved index) is used when it fits
-        the target (specdec.adapted); a draft given that was adapted against another target is refused."""
+        the target (specdec.adapted); a draft given that was adapted against another target is refused.
+        target_model: the target already loaded from `target` (an expert-parallel shard)."""
         defaults = default_model_dir()
         target_dir = target or defaults / "target"
         index_dir = index if isinstance(index, (str, Path)) else None
         draft = draft or adapted_draft_for(target_dir, repo=repo, index_dir=index_dir)
         if draft is not None:
             check_fits(draft, target_dir)
-        target_model = load_model(target_dir)
+        target_model = target_model or load_model(target_dir)
         draft_path = draft or (defaults / "draft" if target is None else None)
         if draft_path and is_eagle3(draft_path):  # recognised from its config
             kwargs["head"] = load_eagle3(draft_path, target_model, target_model.dtype)

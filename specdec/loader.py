@@ -18,6 +18,7 @@ from specdec.config import ModelConfig
 from specdec.model import SparseMoeBlock, Transformer
 
 _PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
+_FUSED_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
 _EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -27,8 +28,11 @@ class CheckpointError(ValueError):
     """A checkpoint directory whose files disagree with its config, with the details in the message."""
 
 
-def load_model(path, dtype=torch.float32, device="cpu") -> Transformer:
-    """An HF-layout directory -> Transformer in eval mode, with .tokenizer when tokenizer.json exists."""
+def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = None) -> Transformer:
+    """An HF-layout directory -> Transformer in eval mode, with .tokenizer when tokenizer.json exists.
+
+    experts {MoE layer: [global expert ids]}: keep only those experts of each layer, in that
+    order (expert parallelism); the other experts' tensors are never read from disk."""
     path = Path(path)
     dtype = _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
     if not path.is_dir():
@@ -36,10 +40,12 @@ def load_model(path, dtype=torch.float32, device="cpu") -> Transformer:
     cfg = ModelConfig.from_file(path / "config.json")
     with torch.device("meta"):
         model = Transformer(cfg)
+        if experts is not None:
+            _shrink_experts(model, experts)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight")
-    tensors = _read_tensors(path, cfg, expected, dtype, device)
+    tensors = _read_tensors(path, cfg, expected, dtype, device, experts)
     model.load_state_dict(tensors, strict=False, assign=True)
     model.tie_weights()
     for module in model.modules():
@@ -51,9 +57,33 @@ def load_model(path, dtype=torch.float32, device="cpu") -> Transformer:
     return model.eval()
 
 
-def _read_tensors(path: Path, cfg: ModelConfig, expected: dict, dtype, device) -> dict:
+def _shrink_experts(model: Transformer, experts: dict) -> None:
+    for layer, block in enumerate(model.model.layers):
+        if isinstance(block.mlp, SparseMoeBlock) and layer in experts:
+            stacked = block.mlp.experts
+            count = len(experts[layer])
+            stacked.gate_up_proj = torch.nn.Parameter(torch.empty(count, *stacked.gate_up_proj.shape[1:]))
+            stacked.down_proj = torch.nn.Parameter(torch.empty(count, *stacked.down_proj.shape[1:]))
+
+
+def _expert_filter(experts: dict | None):
+    """name -> None (read it all), [] (skip it) or the expert rows to read, under a shard."""
+    def rows(name: str):
+        if experts is None:
+            return None
+        name = name.replace(".block_sparse_moe.", ".mlp.")
+        match = _PER_EXPERT.match(name)
+        if match:
+            layer = int(name.split(".")[2])
+            return None if int(match.group(2)) in experts.get(layer, ()) else []
+        fused = _FUSED_EXPERTS.match(name)
+        return experts.get(int(fused.group(1))) if fused else None
+    return rows
+
+
+def _read_tensors(path: Path, cfg: ModelConfig, expected: dict, dtype, device, shard: dict | None = None) -> dict:
     tensors, experts, unexpected = {}, {}, []
-    for name, tensor in _iter_checkpoint(path):
+    for name, tensor in _iter_checkpoint(path, _expert_filter(shard)):
         name = name.replace(".block_sparse_moe.", ".mlp.")
         match = _PER_EXPERT.match(name)
         if match and match.group(3) in _EXPERT_PART:
@@ -64,26 +94,29 @@ def _read_tensors(path: Path, cfg: ModelConfig, expected: dict, dtype, device) -
         elif not (name == "lm_head.weight" and cfg.tie_word_embeddings):
             unexpected.append(name)
     for prefix, parts in experts.items():
-        tensors.update(_stack_experts(prefix, parts, cfg.num_experts, unexpected))
+        layer = int(prefix.split(".")[2])
+        wanted = shard[layer] if shard is not None and layer in shard else range(cfg.num_experts)
+        tensors.update(_stack_experts(prefix, parts, list(wanted), cfg.num_experts, unexpected))
     problems = _problems(expected, tensors, unexpected)
     if problems:
         raise CheckpointError(f"{path}: checkpoint does not match config.json:\n  " + "\n  ".join(problems))
     return {k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}
 
 
-def _stack_experts(prefix: str, parts: dict, num_experts: int, unexpected: list) -> dict:
-    """Per-expert {(e, 'gate'|'up'|'down'): tensor} -> the two stacked parameters, if complete."""
+def _stack_experts(prefix: str, parts: dict, wanted: list, num_experts: int, unexpected: list) -> dict:
+    """Per-expert {(e, 'gate'|'up'|'down'): tensor} -> the two stacked parameters of the wanted
+    experts (in that order), if complete."""
     for expert, part in parts:
         if expert >= num_experts:
             unexpected.append(f"{prefix}.{expert}.{part}")
-    complete = all((e, p) in parts for e in range(num_experts) for p in ("gate", "up", "down"))
+    complete = all((e, p) in parts for e in wanted for p in ("gate", "up", "down"))
     if not complete:
-        missing = [f"{prefix}.{e}.{p}" for e in range(num_experts) for p in ("gate", "up", "down") if (e, p) not in parts]
+        missing = [f"{prefix}.{e}.{p}" for e in wanted for p in ("gate", "up", "down") if (e, p) not in parts]
         unexpected.extend(f"(missing) {m}" for m in missing)
         return {}
     try:
-        gate_up = torch.stack([torch.cat([parts[(e, "gate")], parts[(e, "up")]]) for e in range(num_experts)])
-        down = torch.stack([parts[(e, "down")] for e in range(num_experts)])
+        gate_up = torch.stack([torch.cat([parts[(e, "gate")], parts[(e, "up")]]) for e in wanted])
+        down = torch.stack([parts[(e, "down")] for e in wanted])
     except RuntimeError as err:
         unexpected.append(f"{prefix}: expert tensors of different shapes ({err})")
         return {}
@@ -101,7 +134,9 @@ def _problems(expected: dict, tensors: dict, unexpected: list) -> list:
     return problems
 
 
-def _iter_checkpoint(path: Path):
+def _iter_checkpoint(path: Path, rows_of=lambda name: None):
+    """(name, tensor) of every checkpoint tensor; rows_of(name) may skip one ([]) or pick the
+    expert rows of a stacked one (a list), read without reading the rest."""
     index = path / "model.safetensors.index.json"
     if index.exists():
         try:
@@ -117,7 +152,12 @@ def _iter_checkpoint(path: Path):
         try:
             with safe_open(path / file, framework="pt") as handle:
                 for name in handle.keys():
-                    yield name, handle.get_tensor(name)
+                    rows = rows_of(name)
+                    if rows is None:
+                        yield name, handle.get_tensor(name)
+                    elif rows:
+                        stacked = handle.get_slice(name)
+                        yield name, torch.cat([stacked[e : e + 1] for e in rows])
         except (OSError, RuntimeError, ValueError) as err:
             raise CheckpointError(f"{path / file}: cannot read safetensors file ({err})") from None
 
