@@ -68,6 +68,7 @@ class Channel:
     _last_sent: float = 0.0
     _heartbeat: threading.Thread | None = None
     _closed: bool = False
+    _wake: threading.Event = field(default_factory=threading.Event)
 
     # -- collectives, each counted and with its failure explained -------------------------
 
@@ -118,7 +119,7 @@ class Channel:
         """Rank 0: a header every timeout/4 s of silence, so that idle is not taken for dead."""
         def beat():
             while not self._closed and not self.broken:
-                time.sleep(self.timeout_s / 8)
+                self._wake.wait(self.timeout_s / 8)
                 with self.lock:
                     if self._closed or self.broken or time.monotonic() - self._last_sent < self.timeout_s / 4:
                         continue
@@ -135,12 +136,20 @@ class Channel:
             if self._closed:
                 return
             self._closed = True
+            self._wake.set()
             if self.rank == 0 and not self.broken:
                 try:
                     self.send_header(OP_STOP)
                 except ExpertParallelError:
                     pass
+        if self._heartbeat is not None:
+            self._heartbeat.join()
         if dist.is_initialized():
+            if not self.broken:  # leave together: a rank tearing its pairs down under a peer's read aborts
+                try:
+                    self._run("barrier", dist.barrier)
+                except ExpertParallelError:
+                    pass
             dist.destroy_process_group()
 
 

@@ -94,11 +94,29 @@ def test_cli_complete_under_torchrun(tiny_models, tmp_path):
     assert json.loads(parallel.stdout)["tokens"] == json.loads(single.stdout)["tokens"]
 
 
-def test_a_killed_rank_stops_the_group_with_a_clear_error(tiny_models, tmp_path):
+def test_a_killed_rank_stops_the_group(tiny_models, tmp_path):
     started = time.monotonic()
     run = _torchrun(ROOT / "tests/specdec/ep_worker.py", *tiny_models, tmp_path / "out.pt", "die", timeout=60)
     assert run.returncode != 0 and time.monotonic() - started < 30
-    assert "expert-parallel group failed on rank 0" in run.stderr
+
+
+def test_the_leader_names_a_dead_rank(tiny_models, tmp_path):
+    """Started without torchrun's agent (which would stop the leader itself): the leader's own
+    error, within the timeout, names the failure."""
+    port, procs = _free_port(), []
+    for rank in (0, 1):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "SPECDEC_EP_TIMEOUT": "10"}
+        procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests/specdec/ep_worker.py"), *map(str, tiny_models),
+                                       str(tmp_path / "out.pt"), "die"], env=env, stderr=subprocess.PIPE, text=True))
+    started = time.monotonic()
+    try:
+        _, err = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode != 0 and time.monotonic() - started < 30
+    assert "expert-parallel group failed on rank 0 of 2" in err
 
 
 def test_without_torchrun_the_flag_is_refused(tiny_models, tmp_path):
