@@ -8,15 +8,18 @@ import torch
 
 from kernels.attention_torch import tree_attention_torch
 from kernels.dispatch import backend_for, configure_from_environment, set_backend
-from kernels.moe_torch import fused_moe_torch, moe_route_torch
+from kernels.moe_torch import ExpertActivation, fused_moe_torch, moe_route_torch
 from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4, uses_dot_scaled
 
-__all__ = ["moe_route", "fused_moe", "tree_attention", "dequantize", "dequantize_mxfp4", "quantize_mxfp4",
+__all__ = ["moe_route", "fused_moe", "tree_attention", "ExpertActivation", "dequantize", "dequantize_mxfp4", "quantize_mxfp4",
            "backend_for", "configure_from_environment", "set_backend"]
 
 
-def moe_route(router_logits, top_k: int, renormalize: bool):
-    """router_logits [T, E] -> (topk_weights [T, k] fp32, topk_ids [T, k] int64)."""
+def moe_route(router_logits, top_k: int, renormalize: bool, mode: str = "softmax_topk"):
+    """router_logits [T, E] -> (topk_weights [T, k] fp32, topk_ids [T, k] int64); mode
+    "topk_softmax": a softmax over the top-k logits (GPT-OSS), in PyTorch on every device."""
+    if mode != "softmax_topk":
+        return moe_route_torch(router_logits, top_k, renormalize, mode)
     if backend_for(router_logits) == "triton":
         from kernels.triton_moe import moe_route_triton
 
@@ -24,17 +27,21 @@ def moe_route(router_logits, top_k: int, renormalize: bool):
     return moe_route_torch(router_logits, top_k, renormalize)
 
 
-def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, w1_scale=None, w2_scale=None, block_shape=None):
+def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, w1_scale=None, w2_scale=None, block_shape=None,
+              act: ExpertActivation | None = None):
     """x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], topk_* [T, k] -> [T, H].
 
     fp8 e4m3 weights take scales: per channel (w1_scale [E, 2I], w2_scale [E, H]) or, with
     block_shape (128, 128), per block (w1_scale [E, 2I/128, H/128], w2_scale [E, H/128, I/128]).
     MXFP4 weights are uint8, packed two per byte ([E, 2I, H/2], [E, H, I/2]), with e8m0 scales
     per 32 ([E, 2I, H/32], [E, H, I/32]); see mxfp4.py. They run natively on Blackwell and are
-    dequantised to x's dtype elsewhere.
+    dequantised to x's dtype elsewhere. `act` (expert biases, GPT-OSS's clamped SwiGLU) runs
+    the PyTorch path on every device: the Triton kernels compute the plain SwiGLU only.
     """
     if w_gate_up.dtype == torch.uint8:
-        return _fused_moe_mxfp4(x, w_gate_up, w_down, topk_weights, topk_ids, w1_scale, w2_scale)
+        return _fused_moe_mxfp4(x, w_gate_up, w_down, topk_weights, topk_ids, w1_scale, w2_scale, act)
+    if act is not None:
+        return fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids, act)
     if backend_for(x) == "triton":
         from kernels.triton_moe import fused_moe_triton
 
@@ -49,15 +56,15 @@ def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, w1_scale=None, w2
     return fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids)
 
 
-def _fused_moe_mxfp4(x, w1_packed, w2_packed, topk_weights, topk_ids, w1_scales, w2_scales):
+def _fused_moe_mxfp4(x, w1_packed, w2_packed, topk_weights, topk_ids, w1_scales, w2_scales, act=None):
     if w1_scales is None or w2_scales is None:
         raise ValueError("MXFP4 (uint8) expert weights need their e8m0 scales (w1_scale, w2_scale)")
-    if backend_for(x) == "triton" and uses_dot_scaled(x):
+    if backend_for(x) == "triton" and uses_dot_scaled(x) and act is None:
         from kernels.triton_mxfp4 import fused_moe_mxfp4_triton
 
         return fused_moe_mxfp4_triton(x, w1_packed, w1_scales, w2_packed, w2_scales, topk_weights, topk_ids)
     w_gate_up, w_down = dequantize_mxfp4(w1_packed, w1_scales, x.dtype), dequantize_mxfp4(w2_packed, w2_scales, x.dtype)
-    return fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids)
+    return fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, act=act)
 
 
 def dequantize(weight, scale, block_shape, dtype):
@@ -70,8 +77,13 @@ def dequantize(weight, scale, block_shape, dtype):
     return (w.view(e, n // b, b, k // b, b) * scale[:, :, None, :, None]).view(e, n, k).to(dtype)
 
 
-def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, scale=None):
-    """q [B, Hq, Tq, D] over k/v_cache [B, Hkv, S, D] -> [B, Hq, Tq, D]; see attention_torch."""
+def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, scale=None, *, sinks=None, window: int = 0,
+                   positions=None):
+    """q [B, Hq, Tq, D] over k/v_cache [B, Hkv, S, D] -> [B, Hq, Tq, D]; see attention_torch.
+    Attention sinks and sliding windows (GPT-OSS) run the PyTorch path on every device."""
+    if sinks is not None or window:
+        return tree_attention_torch(q, k_cache, v_cache, cache_lens, tree_mask, scale, sinks=sinks, window=window,
+                                    positions=positions)
     if backend_for(q) == "triton":
         from kernels.triton_attention import tree_attention_triton
 

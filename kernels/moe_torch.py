@@ -6,8 +6,12 @@ import torch.nn.functional as F
 # T = num_tokens, E = num_experts, H = hidden dim, I = expert intermediate dim, A = active experts (top_k)
 
 
-def moe_route_torch(router_logits: torch.Tensor, top_k: int, renormalize: bool):
-    """Softmax over experts in fp32, top-k, optional renormalisation -> (weights [T, A], ids [T, A])."""
+def moe_route_torch(router_logits: torch.Tensor, top_k: int, renormalize: bool, mode: str = "softmax_topk"):
+    """Softmax over experts in fp32, top-k, optional renormalisation -> (weights [T, A], ids [T, A]).
+    mode "topk_softmax" (GPT-OSS): top-k on the logits, then a softmax over those k."""
+    if mode == "topk_softmax":
+        values, ids = torch.topk(router_logits, top_k, dim=-1)
+        return torch.softmax(values, dim=-1, dtype=torch.float32), ids
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E]
     weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, A]
     if renormalize:
@@ -15,16 +19,17 @@ def moe_route_torch(router_logits: torch.Tensor, top_k: int, renormalize: bool):
     return weights, ids
 
 
-def fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids):
+def fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
     """sum_a w[t, a] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = ids[t, a].
 
     Tokens are grouped by expert so that every active expert runs one matmul over all its
     tokens; experts with no tokens are skipped. x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I].
+    act: an ExpertActivation for expert biases and GPT-OSS's clamped SwiGLU (None: plain SwiGLU).
     """
     num_tokens, top_k = topk_ids.shape
     num_experts = w_gate_up.shape[0]
     if num_tokens == 1:
-        return _single_token(x, w_gate_up, w_down, topk_weights, topk_ids)
+        return _single_token(x, w_gate_up, w_down, topk_weights, topk_ids, act)
     flat_ids = topk_ids.reshape(-1)  # [T*A]
     order = torch.argsort(flat_ids, stable=True)  # (token, slot) pairs sorted by expert
     counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
@@ -38,17 +43,37 @@ def fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids):
         pairs = order[start : start + count]
         start += count
         tokens = pairs // top_k
-        gate, up = F.linear(x[tokens], w_gate_up[expert]).chunk(2, dim=-1)  # [c, I] each
-        y = F.linear(F.silu(gate) * up, w_down[expert])  # [c, H]
+        y = _expert(x[tokens], w_gate_up, w_down, expert, act)  # [c, H]
         per_pair.index_copy_(0, pairs, y * flat_weights[pairs, None])
     return per_pair.view(num_tokens, top_k, -1).sum(dim=1)
 
 
-def _single_token(x, w_gate_up, w_down, topk_weights, topk_ids):
+def _single_token(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
     """Decode fast path: one token, its top-k experts one after another (no sorting or scatter)."""
     out = None
     for expert, weight in zip(topk_ids[0].tolist(), topk_weights[0].to(x.dtype), strict=True):
-        gate, up = F.linear(x, w_gate_up[expert]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w_down[expert]) * weight
+        y = _expert(x, w_gate_up, w_down, expert, act) * weight
         out = y if out is None else out + y
     return out
+
+
+class ExpertActivation:
+    """What an expert adds to the plain SwiGLU: biases after each projection ([E, 2I], [E, H])
+    and GPT-OSS's clamp: gate <= limit, -limit <= up <= limit, (up + 1) * gate * sigmoid(alpha * gate)."""
+
+    def __init__(self, gate_up_bias=None, down_bias=None, limit: float | None = None, alpha: float = 1.702):
+        self.gate_up_bias, self.down_bias, self.limit, self.alpha = gate_up_bias, down_bias, limit, alpha
+
+
+def _expert(rows, w_gate_up, w_down, expert: int, act: ExpertActivation | None):
+    if act is None:
+        gate, up = F.linear(rows, w_gate_up[expert]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, w_down[expert])
+    bias = None if act.gate_up_bias is None else act.gate_up_bias[expert]
+    gate, up = F.linear(rows, w_gate_up[expert], bias).chunk(2, dim=-1)
+    if act.limit is None:
+        hidden = F.silu(gate) * up
+    else:
+        gate, up = gate.clamp(max=act.limit), up.clamp(-act.limit, act.limit)
+        hidden = (up + 1) * (gate * torch.sigmoid(gate * act.alpha))
+    return F.linear(hidden, w_down[expert], None if act.down_bias is None else act.down_bias[expert])

@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM")
+GPT_OSS = "GptOssForCausalLM"
 _QWEN2_STYLE = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")  # q/k/v bias, no o_proj bias
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
 
@@ -39,6 +40,17 @@ class ModelConfig:
     sparse_layers: tuple = ()  # indices of the layers whose MLP is an MoE block
     shared_expert_size: int = 0  # Qwen2-MoE: an always-on expert of this width, gated by a sigmoid
     eos_token_ids: tuple = ()
+    # GPT-OSS: router bias, top-k on the logits then a softmax over those k, expert biases, the
+    # clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate)), attention sinks, sliding windows
+    routing: str = "softmax_topk"  # or "topk_softmax"
+    router_bias: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float | None = None  # set: the clamped SwiGLU
+    swiglu_alpha: float = 1.702
+    attention_sinks: bool = False
+    layer_windows: tuple = ()  # per layer: a sliding window in tokens, 0 for full attention
+    norm_in_fp32: bool = False  # RMSNorm's weight multiplied before the cast back (GPT-OSS)
+    rope_scaling: dict | None = None  # YaRN parameters, or None for plain RoPE
     raw: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -54,6 +66,7 @@ class ModelConfig:
         if architecture not in MOE_ARCHITECTURES:
             num_experts = 0
         is_mixtral = architecture == "MixtralForCausalLM"
+        is_gpt_oss = architecture == GPT_OSS
         return cls(
             architecture=architecture,
             vocab_size=raw["vocab_size"],
@@ -63,24 +76,26 @@ class ModelConfig:
             num_kv_heads=raw.get("num_key_value_heads") or heads,
             head_dim=raw.get("head_dim") or hidden // heads,
             intermediate_size=raw.get("intermediate_size", 0),
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(raw),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-5 if is_gpt_oss else 1e-6),
+            rope_theta=_rope_theta(raw, 150000.0 if is_gpt_oss else 10000.0),
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=_attention_bias(raw, architecture),
             qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
-            o_proj_bias=architecture not in _QWEN2_STYLE and bool(raw.get("attention_bias")),
+            o_proj_bias=architecture not in _QWEN2_STYLE and _attention_bias(raw, architecture),
             mlp_bias=bool(raw.get("mlp_bias")),
             num_experts=num_experts,
             top_k=raw.get("num_experts_per_tok", 0) if num_experts else 0,
             # Mixtral's experts use intermediate_size; Qwen3-MoE has a separate width.
             moe_intermediate_size=(
-                raw.get("intermediate_size", 0) if is_mixtral else raw.get("moe_intermediate_size", 0)
+                raw.get("intermediate_size", 0) if is_mixtral or is_gpt_oss else raw.get("moe_intermediate_size", 0)
             ),
             norm_topk_prob=True if is_mixtral else bool(raw.get("norm_topk_prob", False)),
             sparse_layers=_sparse_layers(raw, architecture, num_layers, num_experts),
             shared_expert_size=raw.get("shared_expert_intermediate_size", 0) if architecture == "Qwen2MoeForCausalLM" else 0,
             eos_token_ids=_as_tuple(raw.get("eos_token_id")),
+            rope_scaling=_yarn(raw, default=is_gpt_oss),
+            **(_gpt_oss_fields(raw, num_layers) if is_gpt_oss else {}),
             raw=raw,
         )
 
@@ -110,7 +125,31 @@ def _architecture(raw: dict) -> str:
     )
 
 
+def _gpt_oss_fields(raw: dict, num_layers: int) -> dict:
+    window = raw.get("sliding_window") or 0
+    types = raw.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
+    if len(types) != num_layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise ConfigError(f"layer_types {types!r}: expected {num_layers} of sliding_attention / full_attention")
+    return {"routing": "topk_softmax", "router_bias": True, "expert_bias": True, "attention_sinks": True,
+            "swiglu_limit": float(raw.get("swiglu_limit", 7.0)), "swiglu_alpha": float(raw.get("swiglu_alpha", 1.702)),
+            "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types), "norm_in_fp32": True}
+
+
+def _yarn(raw: dict, default: bool = False) -> dict | None:
+    params = raw.get("rope_parameters") or raw.get("rope_scaling")
+    if params is None and default:  # GPT-OSS's own default
+        params = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                  "original_max_position_embeddings": 4096}
+    if not params or params.get("rope_type", params.get("type")) != "yarn":
+        return None
+    if "original_max_position_embeddings" not in params:
+        raise ConfigError("rope_parameters: YaRN needs original_max_position_embeddings")
+    return dict(params)
+
+
 def _attention_bias(raw: dict, architecture: str) -> bool:
+    if architecture == GPT_OSS:
+        return bool(raw.get("attention_bias", True))
     if architecture == "Qwen2ForCausalLM":
         return True
     if architecture == "Qwen2MoeForCausalLM":
@@ -120,13 +159,13 @@ def _attention_bias(raw: dict, architecture: str) -> bool:
     return bool(raw.get("attention_bias"))
 
 
-def _rope_theta(raw: dict) -> float:
+def _rope_theta(raw: dict, default: float = 10000.0) -> float:
     """rope_theta from transformers v4's top-level field or v5's rope_parameters."""
     params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise ConfigError(f"rope_type {rope_type!r} is not supported; only 'default' RoPE is")
-    return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    if rope_type not in ("default", "yarn", None):
+        raise ConfigError(f"rope_type {rope_type!r} is not supported; only 'default' and 'yarn' RoPE are")
+    return float(params.get("rope_theta", raw.get("rope_theta", default)))
 
 
 def _sparse_layers(raw, architecture, num_layers, num_experts) -> tuple:

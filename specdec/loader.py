@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specdec.config import ModelConfig
+from specdec.config import GPT_OSS, ModelConfig
 from specdec.model import SparseMoeBlock, Transformer
 
 _PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
@@ -83,7 +83,10 @@ def _expert_filter(experts: dict | None):
 
 def _read_tensors(path: Path, cfg: ModelConfig, expected: dict, dtype, device, shard: dict | None = None) -> dict:
     tensors, experts, unexpected = {}, {}, []
-    for name, tensor in _iter_checkpoint(path, _expert_filter(shard)):
+    checkpoint = _iter_checkpoint(path, _expert_filter(shard))
+    if cfg.architecture == GPT_OSS:
+        checkpoint = _gpt_oss_tensors(checkpoint, path)
+    for name, tensor in checkpoint:
         name = name.replace(".block_sparse_moe.", ".mlp.")
         match = _PER_EXPERT.match(name)
         if match and match.group(3) in _EXPERT_PART:
@@ -101,6 +104,48 @@ def _read_tensors(path: Path, cfg: ModelConfig, expected: dict, dtype, device, s
     if problems:
         raise CheckpointError(f"{path}: checkpoint does not match config.json:\n  " + "\n  ".join(problems))
     return {k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}
+
+
+_GPT_OSS_MXFP4 = re.compile(r"^(.*\.mlp\.experts\.(?:gate_up_proj|down_proj))_(blocks|scales)$")
+
+
+def _gpt_oss_tensors(checkpoint, path: Path):
+    """GPT-OSS's names and layouts -> this model's: the router is the gate; experts are stored
+    input-major ([E, H, 2I] with gate and up interleaved, [E, I, H]) or as MXFP4 blocks and
+    scales ([E, out, in/32, 16], [E, out, in/32]), and become [E, 2I, H] (gate rows first) and
+    [E, H, I]. MXFP4 experts are decoded here (the layout the MXFP4 kernels read is the same)."""
+    from kernels import dequantize_mxfp4
+
+    pending = {}
+    for name, tensor in checkpoint:
+        mxfp4 = _GPT_OSS_MXFP4.match(name)
+        if mxfp4:
+            parts = pending.setdefault(mxfp4.group(1), {})
+            parts[mxfp4.group(2)] = tensor
+            if len(parts) == 2:
+                base, blocks = mxfp4.group(1), pending.pop(mxfp4.group(1))["blocks"]
+                weight = dequantize_mxfp4(blocks.reshape(*blocks.shape[:2], -1), parts["scales"])  # [E, out, in]
+                yield base, _gate_rows_first(weight, dim=1) if base.endswith("gate_up_proj") else weight
+            continue
+        if ".mlp.router." in name:
+            yield name.replace(".mlp.router.", ".mlp.gate."), tensor
+        elif name.endswith(".mlp.experts.gate_up_proj"):
+            yield name, _gate_rows_first(tensor.transpose(1, 2), dim=1)
+        elif name.endswith(".mlp.experts.gate_up_proj_bias"):
+            yield name, _gate_rows_first(tensor, dim=1)
+        elif name.endswith(".mlp.experts.down_proj"):
+            yield name, tensor.transpose(1, 2).contiguous()
+        else:
+            yield name, tensor
+    if pending:
+        raise CheckpointError(f"{path}: MXFP4 tensors without their pair: {sorted(pending)}")
+
+
+def _gate_rows_first(tensor: torch.Tensor, dim: int) -> torch.Tensor:
+    """Interleaved gate/up (gate at even indices of `dim`) -> gate half first, then up."""
+    size = tensor.shape[dim]
+    order = torch.cat([torch.arange(0, size, 2), torch.arange(1, size, 2)])
+    return tensor.index_select(dim, order).contiguous()
 
 
 def _stack_experts(prefix: str, parts: dict, wanted: list, num_experts: int, unexpected: list) -> dict:

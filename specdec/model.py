@@ -14,6 +14,7 @@ from torch import nn
 import kernels
 from specdec.config import ModelConfig
 from specdec.kvcache import KVCache
+from specdec.rope import rope_frequencies
 
 # N = new tokens in the flat batch, H = hidden, Hq/Hkv = heads, D = head dim, E = experts
 
@@ -28,21 +29,24 @@ class Segment:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, weight_in_fp32: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.weight_in_fp32 = eps, weight_in_fp32
 
     def forward(self, x):
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.weight_in_fp32)
 
 
-def rms_norm(x, weight, eps: float):
+def rms_norm(x, weight, eps: float, weight_in_fp32: bool = False):
     # Normalised in fp32 as the reference implementations do, so that bf16/fp16 agree with
-    # them. (F.rms_norm is one op, but slower than these five on the few rows of a CPU decode step.)
+    # them; GPT-OSS also multiplies by the weight before casting back (weight_in_fp32).
+    # (F.rms_norm is one op, but slower than these five on the few rows of a CPU decode step.)
     if x.dtype == torch.float32:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
     x32 = x.float()
+    if weight_in_fp32:
+        return (weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
@@ -51,12 +55,20 @@ def input_major(weight: torch.Tensor) -> torch.Tensor:
     return weight.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
-def rope_cos_sin(positions, head_dim: int, theta: float, dtype):
-    """cos, sin [N, D] for rotate-half RoPE at the given positions."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+def rope_cos_sin(positions, head_dim: int, theta: float, dtype, frequencies=None):
+    """cos, sin [N, D] for rotate-half RoPE at the given positions; frequencies: (inv_freq [D/2],
+    attention factor) of a scaled RoPE (specdec.rope), else plain RoPE at `theta`."""
+    if frequencies is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+        factor = 1.0
+    else:
+        inv_freq, factor = frequencies
+        inv_freq = inv_freq.to(positions.device)
     freqs = positions.float()[:, None] * inv_freq[None]  # [N, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    if factor == 1.0:
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
 
 
 def apply_rope(x, cos, sin):
@@ -78,6 +90,9 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        if cfg.attention_sinks:
+            self.sinks = nn.Parameter(torch.zeros(cfg.num_heads))
+        self.window = cfg.layer_windows[layer] if cfg.layer_windows else 0
 
     def fuse(self) -> None:
         """For inference: one [q; k; v] projection (three small matmuls cost three dispatches),
@@ -108,8 +123,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward(self, x, cos, sin, segments):
+    def forward(self, x, cos, sin, segments, positions=None):
         q, k, v = self._queries_keys_values(x, cos, sin)
+        sinks = getattr(self, "sinks", None)
         outputs, start = [], 0
         for seg in segments:
             end = start + seg.length
@@ -120,6 +136,8 @@ class Attention(nn.Module):
                 seg.cache.values[self.layer],
                 (seg.cache.length,),
                 None if seg.tree_mask is None else seg.tree_mask[None],
+                sinks=sinks, window=self.window,
+                positions=None if positions is None or not self.window else positions[start:end][None],
             )
             outputs.append(out[0].transpose(0, 1).reshape(seg.length, -1))
             start = end
@@ -140,18 +158,22 @@ class DenseMLP(nn.Module):
 class Experts(nn.Module):
     """All experts stacked, the layout the fused kernels read."""
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))  # [E, 2I, H]
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))  # [E, H, I]
+        if bias:  # GPT-OSS
+            self.gate_up_proj_bias = nn.Parameter(torch.zeros(num_experts, 2 * intermediate))
+            self.down_proj_bias = nn.Parameter(torch.zeros(num_experts, hidden))
 
 
 class SparseMoeBlock(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.top_k, self.renormalize = cfg.top_k, cfg.norm_topk_prob
-        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
-        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        self.top_k, self.renormalize, self.routing = cfg.top_k, cfg.norm_topk_prob, cfg.routing
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=cfg.router_bias)
+        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.expert_bias)
+        self.swiglu = (cfg.swiglu_limit, cfg.swiglu_alpha)
         # Tokens routed to each expert since the last reset, for load-imbalance reports.
         self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts, dtype=torch.long), persistent=False)
         self.last_routed = None  # [E] tokens per expert in the latest forward (read after it, no sync inside)
@@ -159,11 +181,19 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert = DenseMLP(cfg.hidden_size, cfg.shared_expert_size)
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
+    def activation(self):
+        """The experts' biases and clamped SwiGLU (GPT-OSS), or None for the plain SwiGLU."""
+        gate_up_bias = getattr(self.experts, "gate_up_proj_bias", None)
+        if gate_up_bias is None and self.swiglu[0] is None:
+            return None
+        return kernels.ExpertActivation(gate_up_bias, getattr(self.experts, "down_proj_bias", None), *self.swiglu)
+
     def forward(self, x):
-        weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize)  # [N, A] each
+        weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize, self.routing)  # [N, A] each
         self.last_routed = torch.bincount(ids.reshape(-1), minlength=self.tokens_per_expert.numel())
         self.tokens_per_expert += self.last_routed
-        out = kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        out = kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
+                                act=self.activation())
         if hasattr(self, "shared_expert"):
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
@@ -172,14 +202,14 @@ class SparseMoeBlock(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_in_fp32)
         self.self_attn = Attention(cfg, layer)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_in_fp32)
         sparse = layer in cfg.sparse_layers
         self.mlp = SparseMoeBlock(cfg) if sparse else DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
 
-    def forward(self, x, cos, sin, segments):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, segments)
+    def forward(self, x, cos, sin, segments, positions=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, segments, positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -188,7 +218,7 @@ class DecoderStack(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_in_fp32)
 
 
 class Transformer(nn.Module):
@@ -201,6 +231,7 @@ class Transformer(nn.Module):
         self.path = None
         self.capture_layers: tuple = ()  # layers whose input the forward keeps in .captured [N, k*H]
         self.captured = None
+        self.rope_frequencies = rope_frequencies(cfg)  # None: plain RoPE at rope_theta
 
     def fuse_for_inference(self) -> None:
         for module in self.modules():
@@ -251,12 +282,12 @@ class Transformer(nn.Module):
         for seg in segments:
             seg.cache.reserve(seg.length)
         x = self.model.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype, self.rope_frequencies)
         inputs = {}
         for i, layer in enumerate(self.model.layers):
             if i in self.capture_layers:  # an EAGLE-3 head reads these layers' inputs (all rows)
                 inputs[i] = x
-            x = layer(x, cos, sin, segments)
+            x = layer(x, cos, sin, segments, positions)
         self.captured = torch.cat([inputs[i] for i in self.capture_layers], dim=-1) if inputs else None
         if logits_rows is not None:
             x = x[logits_rows]

@@ -44,13 +44,21 @@ def tiny_hf_model(arch: str):
                                 moe_intermediate_size=20, shared_expert_intermediate_size=7, norm_topk_prob=True,
                                 decoder_sparse_step=2, qkv_bias=False)
         return tf.Qwen2MoeForCausalLM(cfg)
+    if arch == "gpt_oss":  # sliding windows shorter than the tests' sequences, sinks, YaRN, clamped SwiGLU
+        cfg = tf.GptOssConfig(**{**COMMON, "intermediate_size": 32}, head_dim=8, num_local_experts=6,
+                              num_experts_per_tok=2, sliding_window=5, swiglu_limit=1.5,
+                              rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                               "truncate": False, "original_max_position_embeddings": 64,
+                                               "rope_theta": 150000.0})
+        cfg._attn_implementation = "eager"
+        return tf.GptOssForCausalLM(cfg)
     if arch == "mixtral":
         cfg = tf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)
         return tf.MixtralForCausalLM(cfg)
     raise ValueError(arch)
 
 
-ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "qwen2_moe_step2"]
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "qwen2_moe_step2", "gpt_oss"]
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +72,8 @@ def hf_checkpoints(tmp_path_factory):
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.add_(0.1 * torch.randn_like(p))
+                elif name.endswith(("sinks", "bias")):  # GPT-OSS's sinks and biases start at or near 0
+                    p.copy_(0.5 * torch.randn_like(p))
         directory = tmp_path_factory.mktemp(arch)
         model.save_pretrained(directory)
         out[arch] = (directory, model)

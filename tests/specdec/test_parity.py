@@ -23,7 +23,7 @@ def test_logits_match_transformers(hf_checkpoints, arch):
     assert _rel_err(model.logits(ids), expected) < 1e-4
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2", "qwen2_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2", "qwen2_moe", "gpt_oss"])
 def test_cached_decoding_matches_causal_forward(hf_checkpoints, arch):
     model = load_model(hf_checkpoints[arch][0])
     ids = torch.randint(0, 97, (1, 16), generator=torch.Generator().manual_seed(2))
@@ -37,9 +37,11 @@ def test_cached_decoding_matches_causal_forward(hf_checkpoints, arch):
     assert _rel_err(torch.cat(pieces), full) < 1e-4
 
 
-def test_tree_forward_matches_each_path(hf_checkpoints):
-    """A tree with two branches after a prefix gives each node the logits of its own path."""
-    model = load_model(hf_checkpoints["qwen3_moe"][0])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_tree_forward_matches_each_path(hf_checkpoints, arch):
+    """A tree with two branches after a prefix gives each node the logits of its own path
+    (GPT-OSS: the prefix is longer than its sliding window, and every softmax has a sink)."""
+    model = load_model(hf_checkpoints[arch][0])
     gen = torch.Generator().manual_seed(3)
     prefix = torch.randint(0, 97, (6,), generator=gen)
     # nodes: 0 root; 1 child of 0; 2 child of 1; 3 child of 0 (second branch); 4 child of 3
@@ -104,7 +106,7 @@ def test_qwen2_moe_layout_is_read(hf_checkpoints):
     assert listed.sparse_layers == (0, 1, 3) and listed.attention_bias and not listed.o_proj_bias
 
 
-@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen2_moe_step2"])
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen2_moe_step2", "gpt_oss"])
 def test_every_strategy_equals_ar_on_the_family(arch, tiny_models, tmp_path):
     """The engine path on the family: cached decode and tree verification give ar's tokens."""
     import shutil
@@ -126,10 +128,55 @@ def test_every_strategy_equals_ar_on_the_family(arch, tiny_models, tmp_path):
             p.copy_(torch.randn_like(p) * 0.35)
     model.save_pretrained(tmp_path)
     shutil.copy(tokenizer_file, tmp_path / "tokenizer.json")
-    assert isinstance(model, tf.Qwen2MoeForCausalLM)
+    assert isinstance(model, tf.GptOssForCausalLM if arch == "gpt_oss" else tf.Qwen2MoeForCausalLM)
     target = load_model(tmp_path)
     engine = Engine(target, target, adaptive=False)  # the target as its own draft: deep trees accepted
     for _path, prefix, suffix in code_prompts(4, seed=17, before=300, after=80):
         reference = engine.complete(prefix, suffix, strategy="ar", max_tokens=10, mode="multi").tokens
         for strategy in STRATEGIES:
             assert engine.complete(prefix, suffix, strategy=strategy, max_tokens=10, mode="multi").tokens == reference
+
+
+def _gpt_oss_experts_as_mxfp4(directory, out):
+    """The checkpoint in `directory` with its experts stored as GPT-OSS ships them: MXFP4 blocks
+    [E, out, in/32, 16] and scales [E, out, in/32] (biases as they are)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from kernels import dequantize_mxfp4, quantize_mxfp4
+
+    shutil.copytree(directory, out)
+    tensors, dequantized = load_file(str(out / "model.safetensors")), {}
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        weight = tensors.pop(name).transpose(1, 2).float()  # [E, out, in]
+        packed, scales = quantize_mxfp4(weight)
+        tensors[f"{name}_blocks"] = packed.view(*packed.shape[:2], -1, 16)
+        tensors[f"{name}_scales"] = scales
+        dequantized[name] = dequantize_mxfp4(packed, scales).transpose(1, 2).contiguous()
+    save_file(tensors, str(out / "model.safetensors"))
+    return dequantized
+
+
+def test_gpt_oss_mxfp4_experts_load_as_decoded(hf_checkpoints, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    directory = hf_checkpoints["gpt_oss"][0]
+    dequantized = _gpt_oss_experts_as_mxfp4(directory, tmp_path / "mxfp4")
+    plain = tmp_path / "decoded"
+    plain.mkdir()
+    (plain / "config.json").write_text((directory / "config.json").read_text())
+    tensors = {**load_file(str(directory / "model.safetensors")), **dequantized}
+    save_file(tensors, str(plain / "model.safetensors"))
+    ids = torch.randint(0, 97, (1, 17), generator=torch.Generator().manual_seed(4))
+    assert torch.allclose(load_model(tmp_path / "mxfp4").logits(ids), load_model(plain).logits(ids), atol=1e-5)
+
+
+def test_gpt_oss_bf16_checkpoint_loads(hf_checkpoints, tmp_path):
+    directory, reference = hf_checkpoints["gpt_oss"]
+    reference.to(torch.bfloat16).save_pretrained(tmp_path)
+    reference.to(torch.float32)
+    config = load_model(tmp_path).config
+    assert config.layer_windows == (5, 0, 5) and config.attention_sinks and config.routing == "topk_softmax"
+    ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(5))
+    assert _rel_err(load_model(tmp_path).logits(ids), load_model(directory).logits(ids)) < 0.05
