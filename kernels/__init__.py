@@ -15,11 +15,11 @@ __all__ = ["moe_route", "fused_moe", "tree_attention", "ExpertActivation", "dequ
            "backend_for", "configure_from_environment", "set_backend"]
 
 
-def moe_route(router_logits, top_k: int, renormalize: bool, mode: str = "softmax_topk"):
+def moe_route(router_logits, top_k: int, renormalize: bool, mode: str = "softmax_topk", groups: tuple = ()):
     """router_logits [T, E] -> (topk_weights [T, k] fp32, topk_ids [T, k] int64); mode
-    "topk_softmax": a softmax over the top-k logits (GPT-OSS), in PyTorch on every device."""
-    if mode != "softmax_topk":
-        return moe_route_torch(router_logits, top_k, renormalize, mode)
+    "topk_softmax" (GPT-OSS) and group-limited routing (DeepSeek) run PyTorch on every device."""
+    if mode != "softmax_topk" or groups:
+        return moe_route_torch(router_logits, top_k, renormalize, mode, groups)
     if backend_for(router_logits) == "triton":
         from kernels.triton_moe import moe_route_triton
 
@@ -81,7 +81,7 @@ def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, scale=None, 
                    positions=None):
     """q [B, Hq, Tq, D] over k/v_cache [B, Hkv, S, D] -> [B, Hq, Tq, D]; see attention_torch.
     Attention sinks and sliding windows (GPT-OSS) run the PyTorch path on every device."""
-    if sinks is not None or window:
+    if sinks is not None or window or v_cache.shape[-1] != q.shape[-1]:  # MLA: values narrower than keys
         return tree_attention_torch(q, k_cache, v_cache, cache_lens, tree_mask, scale, sinks=sinks, window=window,
                                     positions=positions)
     if backend_for(q) == "triton":

@@ -6,13 +6,21 @@ import torch.nn.functional as F
 # T = num_tokens, E = num_experts, H = hidden dim, I = expert intermediate dim, A = active experts (top_k)
 
 
-def moe_route_torch(router_logits: torch.Tensor, top_k: int, renormalize: bool, mode: str = "softmax_topk"):
+def moe_route_torch(router_logits: torch.Tensor, top_k: int, renormalize: bool, mode: str = "softmax_topk",
+                    groups: tuple = ()):
     """Softmax over experts in fp32, top-k, optional renormalisation -> (weights [T, A], ids [T, A]).
-    mode "topk_softmax" (GPT-OSS): top-k on the logits, then a softmax over those k."""
+    mode "topk_softmax" (GPT-OSS): top-k on the logits, then a softmax over those k.
+    groups (n_group, topk_group) (DeepSeek's group-limited greedy): the experts form n_group
+    groups, and only the topk_group groups with the best single expert score are chosen from."""
     if mode == "topk_softmax":
         values, ids = torch.topk(router_logits, top_k, dim=-1)
         return torch.softmax(values, dim=-1, dtype=torch.float32), ids
     probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E]
+    if groups:
+        n_group, topk_group = groups
+        best = probs.view(probs.shape[0], n_group, -1).amax(dim=-1)  # [T, G]
+        chosen = torch.zeros_like(best, dtype=torch.bool).scatter_(1, torch.topk(best, topk_group, dim=-1).indices, True)
+        probs = probs.masked_fill(~chosen.repeat_interleave(probs.shape[1] // n_group, dim=1), 0.0)
     weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, A]
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)

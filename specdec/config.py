@@ -5,8 +5,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM")
-GPT_OSS = "GptOssForCausalLM"
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM",
+                     "DeepseekV2ForCausalLM")
+GPT_OSS, DEEPSEEK_V2 = "GptOssForCausalLM", "DeepseekV2ForCausalLM"
 _QWEN2_STYLE = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")  # q/k/v bias, no o_proj bias
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
 
@@ -51,6 +52,15 @@ class ModelConfig:
     layer_windows: tuple = ()  # per layer: a sliding window in tokens, 0 for full attention
     norm_in_fp32: bool = False  # RMSNorm's weight multiplied before the cast back (GPT-OSS)
     rope_scaling: dict | None = None  # YaRN parameters, or None for plain RoPE
+    # DeepSeek-V2: multi-head latent attention (the KV cache holds the compressed latent and the
+    # rope key), group-limited routing scaled by routed_scaling_factor, ungated shared experts
+    kv_lora_rank: int = 0  # > 0: MLA
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    expert_groups: tuple = ()  # (n_group, topk_group) for group-limited greedy routing
+    routed_scaling_factor: float = 1.0
+    shared_expert_gated: bool = True  # Qwen2-MoE's sigmoid gate; DeepSeek adds its shared experts as they are
     raw: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -62,12 +72,15 @@ class ModelConfig:
         architecture = _architecture(raw)
         hidden, heads = raw["hidden_size"], raw["num_attention_heads"]
         num_layers = raw["num_hidden_layers"]
-        num_experts = raw.get("num_experts", raw.get("num_local_experts", 0)) or 0
+        num_experts = raw.get("num_experts", raw.get("num_local_experts", raw.get("n_routed_experts", 0))) or 0
         if architecture not in MOE_ARCHITECTURES:
             num_experts = 0
         is_mixtral = architecture == "MixtralForCausalLM"
         is_gpt_oss = architecture == GPT_OSS
-        return cls(
+        extra = _gpt_oss_fields(raw, num_layers) if is_gpt_oss else {}
+        if architecture == DEEPSEEK_V2:
+            extra = _deepseek_fields(raw, num_layers)
+        fields = dict(
             architecture=architecture,
             vocab_size=raw["vocab_size"],
             hidden_size=hidden,
@@ -95,9 +108,9 @@ class ModelConfig:
             shared_expert_size=raw.get("shared_expert_intermediate_size", 0) if architecture == "Qwen2MoeForCausalLM" else 0,
             eos_token_ids=_as_tuple(raw.get("eos_token_id")),
             rope_scaling=_yarn(raw, default=is_gpt_oss),
-            **(_gpt_oss_fields(raw, num_layers) if is_gpt_oss else {}),
             raw=raw,
         )
+        return cls(**{**fields, **extra})
 
     @classmethod
     def from_file(cls, path) -> "ModelConfig":
@@ -133,6 +146,24 @@ def _gpt_oss_fields(raw: dict, num_layers: int) -> dict:
     return {"routing": "topk_softmax", "router_bias": True, "expert_bias": True, "attention_sinks": True,
             "swiglu_limit": float(raw.get("swiglu_limit", 7.0)), "swiglu_alpha": float(raw.get("swiglu_alpha", 1.702)),
             "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types), "norm_in_fp32": True}
+
+
+def _deepseek_fields(raw: dict, num_layers: int) -> dict:
+    method = raw.get("topk_method") or "greedy"
+    if method not in ("greedy", "group_limited_greedy"):
+        raise ConfigError(f"topk_method {method!r}: only greedy and group_limited_greedy are supported")
+    groups = ()
+    if method == "group_limited_greedy":
+        groups = (int(raw["n_group"]), int(raw["topk_group"]))
+        if raw["n_routed_experts"] % groups[0]:
+            raise ConfigError(f"n_group {groups[0]} does not divide n_routed_experts {raw['n_routed_experts']}")
+    moe_width = raw.get("moe_intermediate_size", 0)
+    return {"head_dim": raw["qk_rope_head_dim"], "kv_lora_rank": raw["kv_lora_rank"], "q_lora_rank": raw.get("q_lora_rank"),
+            "qk_nope_head_dim": raw["qk_nope_head_dim"], "v_head_dim": raw["v_head_dim"], "expert_groups": groups,
+            "routed_scaling_factor": float(raw.get("routed_scaling_factor", 1.0)),
+            "shared_expert_size": moe_width * (raw.get("n_shared_experts") or 0), "shared_expert_gated": False,
+            "sparse_layers": tuple(range(raw.get("first_k_dense_replace") or 0, num_layers)),
+            "norm_topk_prob": bool(raw.get("norm_topk_prob", False))}
 
 
 def _yarn(raw: dict, default: bool = False) -> dict | None:

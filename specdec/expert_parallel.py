@@ -42,7 +42,7 @@ class ShardedMoe(SparseMoeBlock):
         self.owner, self.local = owner.to(channel.device), local.to(channel.device)
 
     def forward(self, x):
-        weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize, self.routing)  # same on every rank
+        weights, ids = self.route(x)  # [N, A], the same on every rank
         self.last_routed = torch.bincount(ids.reshape(-1), minlength=self.tokens_per_expert.numel())
         self.tokens_per_expert += self.last_routed
         c, n, k = self.channel, x.shape[0], self.top_k
@@ -74,9 +74,7 @@ class ShardedMoe(SparseMoeBlock):
         padded = x.new_zeros(chunk, x.shape[1])
         padded[: hi - lo] = mine
         out = torch.cat(c.all_gather(padded))[:n]
-        if hasattr(self, "shared_expert"):
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+        return out + self.shared(x)
 
 
 class CacheLog:
@@ -163,8 +161,7 @@ def lead(model: Transformer, channel: Channel) -> Transformer:
     plain_forward = model.forward
 
     def new_cache(capacity: int = 256) -> MirroredKVCache:
-        cfg = model.config
-        cache = MirroredKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype,
+        cache = MirroredKVCache(model.config.num_layers, **model.cache_dims(), dtype=model.dtype,
                                 device=model.device, capacity=capacity)
         return cache.bind(cache_log)
 

@@ -9,10 +9,13 @@ import torch
 
 
 class KVCache:
-    def __init__(self, num_layers, num_kv_heads, head_dim, *, dtype, device, capacity=256):
+    def __init__(self, num_layers, num_kv_heads, head_dim, *, dtype, device, capacity=256, value_dim=None):
+        """value_dim: of the values when it differs from the keys' (0 for MLA, whose values are
+        read out of its keys: the compressed latent)."""
         self.shape = (num_layers, 1, num_kv_heads, capacity, head_dim)  # [L, 1, Hkv, S, D]
         self.keys = torch.zeros(self.shape, dtype=dtype, device=device)
-        self.values = torch.zeros(self.shape, dtype=dtype, device=device)
+        value_shape = self.shape if value_dim is None else self.shape[:4] + (value_dim,)
+        self.values = torch.zeros(value_shape, dtype=dtype, device=device)
         self.length = 0  # committed tokens
         self.pending = 0  # tokens written by the last forward, not yet kept or dropped
 
@@ -28,7 +31,7 @@ class KVCache:
             return
         new_capacity = max(needed, 2 * self.capacity)
         for name in ("keys", "values"):
-            old = getattr(self, name)
+            old = getattr(self, name)  # each keeps its own last dimension
             grown = old.new_zeros(old.shape[:3] + (new_capacity, old.shape[4]))
             grown[:, :, :, : self.length] = old[:, :, :, : self.length]
             setattr(self, name, grown)
@@ -63,14 +66,15 @@ class KVCache:
     def clone(self, length: int | None = None, capacity: int = 0) -> "KVCache":
         """A copy of the first `length` committed tokens (all by default), with room for `capacity`."""
         length = self.length if length is None else min(length, self.length)
-        shape = self.keys.shape[:3] + (max(length, capacity, 1), self.keys.shape[4])
+        rows = max(length, capacity, 1)
         copy = KVCache.__new__(KVCache)
         copy.shape = self.shape
-        copy.keys, copy.values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
+        copy.keys = self.keys.new_zeros(self.keys.shape[:3] + (rows, self.keys.shape[4]))
+        copy.values = self.values.new_zeros(self.values.shape[:3] + (rows, self.values.shape[4]))
         copy.keys[:, :, :, :length] = self.keys[:, :, :, :length]
         copy.values[:, :, :, :length] = self.values[:, :, :, :length]
         copy.length, copy.pending = length, 0
         return copy
 
     def nbytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() * 2
+        return (self.keys.numel() + self.values.numel()) * self.keys.element_size()

@@ -87,7 +87,7 @@ def _read_tensors(path: Path, cfg: ModelConfig, expected: dict, dtype, device, s
     if cfg.architecture == GPT_OSS:
         checkpoint = _gpt_oss_tensors(checkpoint, path)
     for name, tensor in checkpoint:
-        name = name.replace(".block_sparse_moe.", ".mlp.")
+        name = name.replace(".block_sparse_moe.", ".mlp.").replace(".mlp.shared_experts.", ".mlp.shared_expert.")
         match = _PER_EXPERT.match(name)
         if match and match.group(3) in _EXPERT_PART:
             prefix, expert, part = match.group(1), int(match.group(2)), _EXPERT_PART[match.group(3)]

@@ -5,6 +5,7 @@ loading is a plain mapping. The forward takes a flat batch of new tokens from se
 (segments), each with its own KV cache and an optional tree mask.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -144,6 +145,72 @@ class Attention(nn.Module):
         return self.o_proj(outputs[0] if len(outputs) == 1 else torch.cat(outputs))
 
 
+class LatentAttention(nn.Module):
+    """DeepSeek-V2's multi-head latent attention, computed in its absorbed form.
+
+    The cache holds, per token, the normed compressed latent c [r] and the rotated shared rope
+    key k_pe [R] (one kv "head" of width r + R, values read from the same rows). Queries are
+    taken into the latent space through kv_b_proj's key half (q_nope W_uk), so the scores
+    q_nope . k_nope + q_pe . k_pe come out of one attention over [c, k_pe], and the output,
+    a weighted sum of latents, leaves through the value half W_uv. RoPE here rotates
+    consecutive pairs, as transformers' DeepSeek-V2 does."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer, self.cfg = layer, cfg
+        heads, nope, rope, r = cfg.num_heads, cfg.qk_nope_head_dim, cfg.head_dim, cfg.kv_lora_rank
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.attention_bias)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, 1e-6)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, heads * (nope + rope), bias=False)
+        else:
+            self.q_proj = nn.Linear(cfg.hidden_size, heads * (nope + rope), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, r + rope, bias=cfg.attention_bias)
+        self.kv_a_layernorm = RMSNorm(r, 1e-6)
+        self.kv_b_proj = nn.Linear(r, heads * (nope + cfg.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(heads * cfg.v_head_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.scale = (nope + rope) ** -0.5 * _yarn_mscale_squared(cfg)
+
+    def forward(self, x, cos, sin, segments, positions=None):
+        cfg, n = self.cfg, x.shape[0]
+        heads, nope, rope, r = cfg.num_heads, cfg.qk_nope_head_dim, cfg.head_dim, cfg.kv_lora_rank
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if cfg.q_lora_rank else self.q_proj(x)
+        q_nope, q_pe = q.view(n, heads, nope + rope).split([nope, rope], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([r, rope], dim=-1)
+        half = rope // 2
+        q_pe = _rotate_pairs(q_pe, cos[:, None, :half], sin[:, None, :half])
+        k_pe = _rotate_pairs(k_pe[:, None], cos[:, None, :half], sin[:, None, :half])
+        keys = torch.cat([self.kv_a_layernorm(latent)[:, None], k_pe], dim=-1)  # [N, 1, r + R]
+        w_uk, w_uv = self.kv_b_proj.weight.view(heads, nope + cfg.v_head_dim, r).split([nope, cfg.v_head_dim], dim=1)
+        queries = torch.cat([torch.einsum("nhd,hdr->nhr", q_nope, w_uk), q_pe], dim=-1)  # [N, Hq, r + R]
+        outputs, start = [], 0
+        for seg in segments:
+            end = start + seg.length
+            seg.cache.write(self.layer, keys[start:end].transpose(0, 1), keys.new_empty(1, end - start, 0))
+            cached = seg.cache.keys[self.layer]  # [1, 1, S, r + R]
+            out = kernels.tree_attention(queries[start:end].transpose(0, 1)[None], cached, cached[..., :r],
+                                         (seg.cache.length,), None if seg.tree_mask is None else seg.tree_mask[None],
+                                         scale=self.scale)  # [1, Hq, n, r]
+            outputs.append(torch.einsum("hnr,hvr->nhv", out[0], w_uv).reshape(end - start, -1))
+            start = end
+        return self.o_proj(outputs[0] if len(outputs) == 1 else torch.cat(outputs))
+
+
+def _rotate_pairs(x, cos, sin):
+    """RoPE on consecutive pairs (x[2i], x[2i+1]) by angle i; cos, sin [N, 1, D/2]."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+def _yarn_mscale_squared(cfg: ModelConfig) -> float:
+    """DeepSeek's YaRN also scales the attention logits by mscale(factor, mscale_all_dim)^2."""
+    params = cfg.rope_scaling or {}
+    all_dim, factor = params.get("mscale_all_dim"), params.get("factor") or 1.0
+    if not all_dim or factor <= 1:
+        return 1.0
+    return (0.1 * all_dim * math.log(factor) + 1.0) ** 2
+
+
 class DenseMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
@@ -177,9 +244,11 @@ class SparseMoeBlock(nn.Module):
         # Tokens routed to each expert since the last reset, for load-imbalance reports.
         self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts, dtype=torch.long), persistent=False)
         self.last_routed = None  # [E] tokens per expert in the latest forward (read after it, no sync inside)
-        if cfg.shared_expert_size:  # Qwen2-MoE: every token also goes through one gated dense expert
+        if cfg.shared_expert_size:  # Qwen2-MoE, DeepSeek: every token also goes through a dense expert
             self.shared_expert = DenseMLP(cfg.hidden_size, cfg.shared_expert_size)
-            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+            if cfg.shared_expert_gated:  # Qwen2-MoE's sigmoid gate
+                self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+        self.groups, self.routed_scale = cfg.expert_groups, cfg.routed_scaling_factor
 
     def activation(self):
         """The experts' biases and clamped SwiGLU (GPT-OSS), or None for the plain SwiGLU."""
@@ -189,21 +258,31 @@ class SparseMoeBlock(nn.Module):
         return kernels.ExpertActivation(gate_up_bias, getattr(self.experts, "down_proj_bias", None), *self.swiglu)
 
     def forward(self, x):
-        weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize, self.routing)  # [N, A] each
+        weights, ids = self.route(x)  # [N, A] each
         self.last_routed = torch.bincount(ids.reshape(-1), minlength=self.tokens_per_expert.numel())
         self.tokens_per_expert += self.last_routed
         out = kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
                                 act=self.activation())
-        if hasattr(self, "shared_expert"):
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+        return out + self.shared(x)
+
+    def route(self, x):
+        weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize, self.routing, self.groups)
+        return (weights * self.routed_scale if self.routed_scale != 1.0 else weights), ids
+
+    def shared(self, x):
+        """The shared expert's share (0 when there is none)."""
+        if not hasattr(self, "shared_expert"):
+            return 0
+        if hasattr(self, "shared_expert_gate"):
+            return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return self.shared_expert(x)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_in_fp32)
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_in_fp32)
         sparse = layer in cfg.sparse_layers
         self.mlp = SparseMoeBlock(cfg) if sparse else DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
@@ -268,9 +347,16 @@ class Transformer(nn.Module):
     def device(self):
         return self.model.embed_tokens.weight.device
 
-    def new_cache(self, capacity: int = 256) -> KVCache:
+    def cache_dims(self) -> dict:
+        """The KV cache's heads and widths: MLA keeps one latent row per token and no values."""
         cfg = self.config
-        return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=self.dtype, device=self.device, capacity=capacity)
+        if cfg.kv_lora_rank:
+            return {"num_kv_heads": 1, "head_dim": cfg.kv_lora_rank + cfg.head_dim, "value_dim": 0}
+        return {"num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "value_dim": None}
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        return KVCache(self.config.num_layers, **self.cache_dims(), dtype=self.dtype, device=self.device,
+                       capacity=capacity)
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, segments, logits_rows=None):

@@ -52,13 +52,25 @@ def tiny_hf_model(arch: str):
                                                "rope_theta": 150000.0})
         cfg._attn_implementation = "eager"
         return tf.GptOssForCausalLM(cfg)
+    if arch in ("deepseek_v2", "deepseek_v2_qlora"):  # MLA, group-limited routing, YaRN with mscale
+        cfg = tf.DeepseekV2Config(**{**COMMON, "num_key_value_heads": 4}, kv_lora_rank=16, qk_nope_head_dim=8,
+                                  qk_rope_head_dim=4, v_head_dim=6, n_routed_experts=8, n_group=4, topk_group=2,
+                                  topk_method="group_limited_greedy", num_experts_per_tok=3, n_shared_experts=1,
+                                  moe_intermediate_size=12, first_k_dense_replace=1, routed_scaling_factor=1.5,
+                                  q_lora_rank=24 if arch == "deepseek_v2_qlora" else None,
+                                  rope_parameters={"rope_type": "yarn", "factor": 4.0, "mscale": 0.707,
+                                                   "mscale_all_dim": 0.707, "original_max_position_embeddings": 64,
+                                                   "beta_fast": 32.0, "beta_slow": 1.0, "rope_theta": 10000.0})
+        cfg._attn_implementation = "eager"
+        return tf.DeepseekV2ForCausalLM(cfg)
     if arch == "mixtral":
         cfg = tf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)
         return tf.MixtralForCausalLM(cfg)
     raise ValueError(arch)
 
 
-ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "qwen2_moe_step2", "gpt_oss"]
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "qwen2_moe_step2", "gpt_oss", "deepseek_v2",
+         "deepseek_v2_qlora"]
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,18 @@ def test_logits_match_transformers(hf_checkpoints, arch):
     assert _rel_err(model.logits(ids), expected) < 1e-4
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2", "qwen2_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["gpt_oss", "deepseek_v2"])
+def test_long_sequences_match_transformers(hf_checkpoints, arch):
+    """160 positions: past YaRN's original context (64) and far past GPT-OSS's window (5)."""
+    directory, reference = hf_checkpoints[arch]
+    ids = torch.randint(0, 97, (1, 160), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        expected = reference(ids).logits
+    assert _rel_err(load_model(directory).logits(ids), expected) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2", "qwen2_moe", "gpt_oss", "deepseek_v2",
+                                  "deepseek_v2_qlora"])
 def test_cached_decoding_matches_causal_forward(hf_checkpoints, arch):
     model = load_model(hf_checkpoints[arch][0])
     ids = torch.randint(0, 97, (1, 16), generator=torch.Generator().manual_seed(2))
@@ -37,7 +48,7 @@ def test_cached_decoding_matches_causal_forward(hf_checkpoints, arch):
     assert _rel_err(torch.cat(pieces), full) < 1e-4
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "deepseek_v2"])
 def test_tree_forward_matches_each_path(hf_checkpoints, arch):
     """A tree with two branches after a prefix gives each node the logits of its own path
     (GPT-OSS: the prefix is longer than its sliding window, and every softmax has a sink)."""
@@ -106,7 +117,7 @@ def test_qwen2_moe_layout_is_read(hf_checkpoints):
     assert listed.sparse_layers == (0, 1, 3) and listed.attention_bias and not listed.o_proj_bias
 
 
-@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen2_moe_step2", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen2_moe_step2", "gpt_oss", "deepseek_v2"])
 def test_every_strategy_equals_ar_on_the_family(arch, tiny_models, tmp_path):
     """The engine path on the family: cached decode and tree verification give ar's tokens."""
     import shutil
@@ -128,7 +139,8 @@ def test_every_strategy_equals_ar_on_the_family(arch, tiny_models, tmp_path):
             p.copy_(torch.randn_like(p) * 0.35)
     model.save_pretrained(tmp_path)
     shutil.copy(tokenizer_file, tmp_path / "tokenizer.json")
-    assert isinstance(model, tf.GptOssForCausalLM if arch == "gpt_oss" else tf.Qwen2MoeForCausalLM)
+    expected = {"gpt_oss": tf.GptOssForCausalLM, "deepseek_v2": tf.DeepseekV2ForCausalLM}.get(arch, tf.Qwen2MoeForCausalLM)
+    assert isinstance(model, expected)
     target = load_model(tmp_path)
     engine = Engine(target, target, adaptive=False)  # the target as its own draft: deep trees accepted
     for _path, prefix, suffix in code_prompts(4, seed=17, before=300, after=80):
@@ -180,3 +192,10 @@ def test_gpt_oss_bf16_checkpoint_loads(hf_checkpoints, tmp_path):
     assert config.layer_windows == (5, 0, 5) and config.attention_sinks and config.routing == "topk_softmax"
     ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(5))
     assert _rel_err(load_model(tmp_path).logits(ids), load_model(directory).logits(ids)) < 0.05
+
+
+def test_deepseek_cache_holds_the_latent(hf_checkpoints):
+    model = load_model(hf_checkpoints["deepseek_v2"][0])
+    cache = model.new_cache(8)
+    c = model.config
+    assert cache.keys.shape[2:] == (1, 8, c.kv_lora_rank + c.head_dim) and cache.values.shape[-1] == 0
