@@ -53,10 +53,11 @@ class EngineMetrics:
 
 class Engine:
     def __init__(self, target, draft=None, index=None, *, head=None, max_tree_nodes: int = 64, draft_depth: int = 8,
-                 adaptive: bool = True, warm_up: bool = True):
+                 adaptive: bool = True, warm_up: bool = True, fim_mode: str | None = None):
         """adaptive=False always speculates with every node the sources offer (up to the budget):
         for tests and measurements of speculation itself; True decides by measured speed.
-        warm_up=False defers the hardware measurements to an explicit warm_up() call."""
+        warm_up=False defers the hardware measurements to an explicit warm_up() call.
+        fim_mode overrides the order named in the target's config.json (psm, spm, suffix_first)."""
         if target.tokenizer is None:
             raise ValueError(f"{target.path}: the target model has no tokenizer.json")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -66,7 +67,7 @@ class Engine:
         self.head = head  # an EAGLE-3 head drafts from the target's own hidden states
         if head is not None:  # never reset: another engine on the same target may have a head
             target.capture_layers = head.config.capture_layers(target.config.num_layers)
-        fim_mode = target.config.raw.get("fim_mode", "spm")
+        fim_mode = fim_mode or target.config.raw.get("fim_mode")  # None: the family's default order
         positions = target.config.max_position_embeddings  # room to generate is kept after the prompt
         self.prompts = PromptBuilder(target.tokenizer, fim_mode, min(1536, max(positions // 2, positions - 256)))
         self.prompt_cache = PromptCache()

@@ -17,8 +17,8 @@ import bisect
 import zlib
 from dataclasses import dataclass
 
-FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX = "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"
-FILE_SEP, EOT = "<|file_sep|>", "<|endoftext|>"
+from specdec.fim_formats import FimFormat, FimFormatError, detect, order
+
 MAX_CONTEXT_TOKENS = 1536  # of the model's 2048 positions, leaving room to generate
 CHARS_PER_TOKEN_MAX = 6  # code averages 3.7 characters per token with the default tokenizer
 MAX_HEALED_TOKENS = 4  # a word being typed rarely spans more tokens than this
@@ -40,16 +40,24 @@ class Prompt:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer, fim_mode: str = "spm", max_tokens: int = MAX_CONTEXT_TOKENS):
+    def __init__(self, tokenizer, fim_mode: str | None = "spm", max_tokens: int = MAX_CONTEXT_TOKENS,
+                 fim_format: FimFormat | None = None):
+        """fim_format: the family's format (default: recognised from the tokenizer's special
+        tokens); fim_mode: psm, spm or suffix_first, None for the family's default order."""
         self.tokenizer = tokenizer
-        self.fim_mode = fim_mode
+        try:
+            self.format = fim_format or detect(tokenizer)
+            self.fim_mode = order(self.format, fim_mode)
+        except FimFormatError as err:
+            raise PromptError(str(err)) from None
         self.max_tokens = max_tokens
-        self.special = {t: tokenizer.token_to_id(t) for t in (FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, FILE_SEP, EOT)}
-        if any(v is None for v in self.special.values()):
-            missing = [t for t, v in self.special.items() if v is None]
+        self.special = {t: tokenizer.token_to_id(t) for t in self.format.tokens()}
+        missing = [t for t in (self.format.eot[0],) if self.special.get(t) is None]
+        if missing:
             raise PromptError(f"tokenizer lacks the special tokens {missing}")
+        self.special = {t: i for t, i in self.special.items() if i is not None}
         self.vocab_text = [tokenizer.decode([i], skip_special_tokens=False) for i in range(tokenizer.get_vocab_size())]
-        self.stop_ids = {self.special[t] for t in (EOT, FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, FILE_SEP)}
+        self.stop_ids = set(self.special.values())  # every special token of the format ends a completion
         # Token texts in sorted order: the tokens that start with a text form one range of it.
         ranked = sorted((t, i) for i, t in enumerate(self.vocab_text) if i not in self.stop_ids)
         self._sorted_text = [t for t, _ in ranked]
@@ -62,7 +70,6 @@ class PromptBuilder:
               reserve: int = 0) -> Prompt:
         """reserve: tokens kept for the context chunks however long the file is (a fixed number,
         so that the prefix's cut, and with it the prompt cache, stays put keystroke after keystroke)."""
-        sp = self.special
         suffix_ids = self.encode(suffix)
         budget = self.max_tokens - 4 - min(reserve, self.max_tokens // 2)
         keep_suffix = min(len(suffix_ids), budget // 4)
@@ -74,11 +81,16 @@ class PromptBuilder:
             prefix_ids, healed, allowed = self._heal(prefix_ids)
         context = self._context(extra, self.max_tokens - 4 - len(prefix_ids) - len(suffix_ids))
         truncated |= context[1]
+        return Prompt(context[0] + self._ordered(prefix_ids, suffix_ids), healed, allowed, truncated, context[2],
+                      len(context[0]))
+
+    def _ordered(self, prefix_ids: list[int], suffix_ids: list[int]) -> list[int]:
+        fmt, sp = self.format, self.special
         if self.fim_mode == "psm":
-            ids = [sp[FIM_PREFIX], *prefix_ids, sp[FIM_SUFFIX], *suffix_ids, sp[FIM_MIDDLE]]
-        else:
-            ids = [sp[FIM_PREFIX], sp[FIM_SUFFIX], *suffix_ids, sp[FIM_MIDDLE], *prefix_ids]
-        return Prompt(context[0] + ids, healed, allowed, truncated, context[2], len(context[0]))
+            return [sp[fmt.prefix], *prefix_ids, sp[fmt.suffix], *suffix_ids, sp[fmt.middle]]
+        if self.fim_mode == "suffix_first":
+            return [sp[fmt.suffix], *suffix_ids, sp[fmt.prefix], *prefix_ids]
+        return [sp[fmt.prefix], sp[fmt.suffix], *suffix_ids, sp[fmt.middle], *prefix_ids]
 
     def _prefix_within(self, prefix: str, keep: int, suffix_len: int) -> tuple[list[int], bool]:
         """The prefix's tokens, cut at the front when prefix and suffix do not fit the budget.
@@ -150,10 +162,13 @@ class PromptBuilder:
 
     def _context(self, extra, budget: int):
         """Context chunks, most recent last (nearest the file), dropped from the front to fit."""
-        chunks = []
+        chunks, separator = [], self.special.get(self.format.file_sep)
         for item in extra:
             filename, text = (item["filename"], item["text"]) if isinstance(item, dict) else item
-            chunks.append([self.special[FILE_SEP], *self.encode(f"{filename}\n{text}")])
+            if separator is not None:
+                chunks.append([separator, *self.encode(f"{filename}\n{text}")])
+            else:  # a family without repository tokens reads a path comment before each chunk
+                chunks.append(self.encode(f"{self.format.comment} {filename}\n{text}\n"))
         out, truncated, kept = [], False, 0
         for chunk in reversed(chunks):
             if len(out) + len(chunk) > budget:

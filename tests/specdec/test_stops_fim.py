@@ -96,3 +96,60 @@ def test_healing_takes_back_the_whole_word_being_typed():
     assert "return" in {builder.vocab_text[i] for i in prompt.allowed_first}
     assert builder.build("value = get_field_na", "").healed_text.endswith("na")  # no single token covers it all
     assert builder.build("x = self.", "").healed_text == "."
+
+
+def _family_tokenizer(specials):
+    """A small byte-level BPE (stdlib text) that carries one family's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tests.helpers import CORPUS_FILES, STDLIB
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=list(specials), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([(STDLIB / f).read_text() for f in CORPUS_FILES[:2]], trainer=trainer)
+    return tokenizer
+
+
+FAMILIES = {  # name: (special tokens, documented prompt for prefix P, suffix S, a context chunk)
+    "qwen": (["<|endoftext|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>",
+              "<|file_sep|>"], "<|file_sep|>util.py\nx = 1<|fim_prefix|>{P}<|fim_suffix|>{S}<|fim_middle|>"),
+    "starcoder": (["<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<repo_name>",
+                   "<file_sep>"], "<file_sep>util.py\nx = 1<fim_prefix>{P}<fim_suffix>{S}<fim_middle>"),
+    "deepseek": (["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜fim▁hole｜>", "<｜fim▁begin｜>", "<｜fim▁end｜>"],
+                 "# util.py\nx = 1\n<｜fim▁begin｜>{P}<｜fim▁hole｜>{S}<｜fim▁end｜>"),
+    "codestral": (["<s>", "</s>", "[INST]", "[/INST]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]"],
+                  "# util.py\nx = 1\n[SUFFIX]{S}[PREFIX]{P}"),
+}
+
+
+def test_each_familys_prompt_is_its_documented_string():
+    prefix, suffix = "def area(r):\n    return 3.14 * r", "\n\nprint(area(2))\n"
+    for name, (specials, documented) in FAMILIES.items():
+        tokenizer = _family_tokenizer(specials)
+        builder = PromptBuilder(tokenizer, None)
+        assert builder.format.name == name
+        prompt = builder.build(prefix, suffix, extra=[("util.py", "x = 1")], heal=False)
+        expected = tokenizer.encode(documented.format(P=prefix, S=suffix), add_special_tokens=False).ids
+        assert prompt.ids == expected, name
+        eot = {"qwen": "<|endoftext|>", "starcoder": "<|endoftext|>", "deepseek": "<｜end▁of▁sentence｜>",
+               "codestral": "</s>"}[name]
+        assert tokenizer.token_to_id(eot) in builder.stop_ids
+    starcoder = PromptBuilder(_family_tokenizer(FAMILIES["starcoder"][0]), None)
+    assert {starcoder.special[t] for t in ("<fim_pad>", "<file_sep>")} <= starcoder.stop_ids
+
+
+def test_fim_orders_and_refusals():
+    import pytest
+
+    from specdec.fim import PromptError
+
+    qwen = _family_tokenizer(FAMILIES["qwen"][0])
+    spm = PromptBuilder(qwen, "spm").build("a = ", "\nb = 2\n", heal=False)
+    assert spm.ids == qwen.encode("<|fim_prefix|><|fim_suffix|>\nb = 2\n<|fim_middle|>a = ").ids
+    with pytest.raises(PromptError, match="deepseek format has psm"):
+        PromptBuilder(_family_tokenizer(FAMILIES["deepseek"][0]), "spm")
+    with pytest.raises(PromptError, match="none of the FIM formats"):
+        PromptBuilder(_family_tokenizer(["<|endoftext|>"]), None)

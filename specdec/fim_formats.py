@@ -1,0 +1,62 @@
+"""FIM and repository formats of the code-model families, recognised by their special tokens.
+
+| family | prompt (PSM) | other order | context chunks |
+| --- | --- | --- | --- |
+| Qwen2.5/3-Coder, the embedded models | `<|fim_prefix|>P<|fim_suffix|>S<|fim_middle|>` | SPM `<|fim_prefix|><|fim_suffix|>S<|fim_middle|>P` | `<|file_sep|>path\\ncode` |
+| StarCoder2 | `<fim_prefix>P<fim_suffix>S<fim_middle>` | SPM, the same way | `<file_sep>path\\ncode` |
+| DeepSeek-Coder | `<｜fim▁begin｜>P<｜fim▁hole｜>S<｜fim▁end｜>` | - | `# path` comment headers |
+| Codestral | - | suffix first: `[SUFFIX]S[PREFIX]P` | `# path` comment headers |
+
+In every order but PSM the prefix ends the prompt, so it runs straight into the completion.
+CodeLlama's sentencepiece format (`▁<PRE>`, with the suffix's leading space dropped) is not here.
+"""
+
+from dataclasses import dataclass
+
+
+class FimFormatError(ValueError):
+    """A tokenizer without the special tokens of any known FIM format, or an order it lacks."""
+
+
+@dataclass(frozen=True)
+class FimFormat:
+    name: str
+    prefix: str  # the token before the prefix (PSM) or the one that opens the prompt
+    suffix: str
+    middle: str | None  # None: the order has no middle token (Codestral)
+    eot: tuple  # tokens that end a completion
+    modes: tuple  # orders the family was trained on, the first its default
+    file_sep: str | None = None  # repository-format separator; None: context as comment headers
+    pad: str | None = None
+    comment: str = "#"
+
+    def tokens(self) -> tuple:
+        return tuple(t for t in (self.prefix, self.suffix, self.middle, self.file_sep, self.pad, *self.eot) if t)
+
+
+QWEN = FimFormat("qwen", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", ("<|endoftext|>",), ("psm", "spm"),
+                 file_sep="<|file_sep|>", pad="<|fim_pad|>")
+STARCODER = FimFormat("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", ("<|endoftext|>",), ("psm", "spm"),
+                      file_sep="<file_sep>", pad="<fim_pad>")
+DEEPSEEK = FimFormat("deepseek", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", ("<｜end▁of▁sentence｜>",), ("psm",))
+CODESTRAL = FimFormat("codestral", "[PREFIX]", "[SUFFIX]", None, ("</s>",), ("suffix_first",))
+FORMATS = (QWEN, STARCODER, DEEPSEEK, CODESTRAL)
+
+
+def detect(tokenizer) -> FimFormat:
+    """The format whose prefix, suffix and (when it has one) middle token the tokenizer holds."""
+    for fmt in FORMATS:
+        needed = [fmt.prefix, fmt.suffix] + ([fmt.middle] if fmt.middle else [])
+        if all(tokenizer.token_to_id(t) is not None for t in needed):
+            return fmt
+    names = ", ".join(f"{f.name} ({f.prefix})" for f in FORMATS)
+    raise FimFormatError(f"the tokenizer has none of the FIM formats' special tokens: {names}")
+
+
+def order(fmt: FimFormat, mode: str | None) -> str:
+    """The prompt order to use: `mode` when the family has it, else the family's default."""
+    if mode is None:
+        return fmt.modes[0]
+    if mode not in fmt.modes:
+        raise FimFormatError(f"fim mode {mode!r}: the {fmt.name} format has {', '.join(fmt.modes)}")
+    return mode
