@@ -65,14 +65,11 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
         rng.shuffle(order)
         for strategy, context, label in order:
             each = engines[label]
+            each.forget_history(None)  # no variant may find an earlier variant's answer of this point
             if shown is not None:
-                each.forget_history(None)
                 each.history.record(None, shown[0], shown[1])
             result = _complete(each, index, point, strategy, max_tokens, context)
             records[variant_name(strategy, context, contexts, label)].append(_record(point, result))
-        if not typing_along:
-            for each in engines.values():
-                each.forget_history(None)  # each point on its own: no strategy finds another's answer
         if baselines:
             reference = records["ar"][-1]
             for name, record in baselines.run(engine, point, reference).items():

@@ -95,6 +95,7 @@ def test_always_speculate_run_is_recorded_and_stays_lossless(tiny_models, tmp_pa
     results = json.loads((out / "results.json").read_text())
     assert results["adaptive"] is False and set(results["strategies"]) == {"ar", "hybrid"}
     assert results["strategies"]["hybrid"]["identical_to_ar"] == 1.0
+    assert results["strategies"]["hybrid"]["accepted_by_source"]["history"] == 0  # no other variant's answer
     assert "--always-speculate" in (out / "report.md").read_text()
 
 
