@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from server import routes_index, routes_infill, routes_openai, routes_ops
+from server import openapi, routes_index, routes_infill, routes_openai, routes_ops
 from server.bridge import EngineBridge
 from server.errors import ApiError
 from server.metrics import Metrics
@@ -57,6 +57,7 @@ def create_app(settings: Settings, engine=None) -> FastAPI:
     _error_handlers(app)
     for router in (routes_infill.router, routes_openai.router, routes_index.router, routes_ops.router):
         app.include_router(router)
+    openapi.install(app, settings)
     return app
 
 
