@@ -1,6 +1,6 @@
 """Load test: concurrent typing sessions against a real `specdec serve` on loopback.
 
-    python bench/load_server.py --repo REPO [--sessions 16] [--seconds 60] [--port 8123]
+    python bench/load_server.py --repo REPO [--client vim|vscode|cancel] [--sessions 16] [--seconds 60]
 
 Each session types stretches of real files of the repository character by character (one
 keystroke every --interval ms on average); every keystroke sends llama.vim's /infill request, and a newer keystroke
@@ -44,13 +44,17 @@ def body(text: str, cursor: int, path: str) -> dict:
                                 "speculation/stop_reason"]}
 
 
-async def session(client, url, files, deadline, interval, rng, stats):
+async def session(client, url, files, deadline, interval, rng, stats, behaviour: str = "cancel"):
     """Types stretches of a real file into the document as a user would: the text after the
     stretch stays as it was (the suffix), the text before the cursor grows by one character per
-    keystroke, and each keystroke's request replaces the previous one. At the end of each line
-    the user pauses to read the suggestion: that request is awaited, never abandoned, and its
-    latency is what a user waits for once typing stops."""
-    pending = None
+    keystroke. At the end of each line the user pauses to read the suggestion; the pause wait,
+    what the user waits for, runs from that keystroke to the answer for exactly that text.
+
+    behaviour: "cancel" abandons the request in flight on every keystroke (disconnects);
+    "vim" (llama.vim) keeps one request in flight, never cancels it, and a keystroke during it
+    arms a 100 ms retry that sends the newest text once the request is done; "vscode"
+    (llama.vscode) keeps one request in flight and sends the newest text as soon as it is done."""
+    typist = Typist(client, url, stats, behaviour)
     while time.monotonic() < deadline:
         path, text = rng.choice(files)
         start = text.rfind("\n", 0, rng.randrange(0, max(1, len(text) - 400))) + 1
@@ -58,19 +62,78 @@ async def session(client, url, files, deadline, interval, rng, stats):
         for typed in range(start + 1, end + 1):
             if time.monotonic() >= deadline:
                 break
-            if pending is not None and not pending.done():
-                pending.cancel()  # the editor moved on: drop the stale request
-                stats["abandoned"] += 1
-            document = text[:typed] + text[end:]
-            pending = asyncio.create_task(request(client, url, body(document, typed, path), stats))
+            payload = body(text[:typed] + text[end:], typed, path)
             if text[typed - 1] == "\n" or typed == end:
                 stats["paused"] += 1
-                await asyncio.gather(pending, return_exceptions=True)
+                await typist.pause(payload)
                 await asyncio.sleep(rng.uniform(0.3, 1.0))
             else:
+                typist.keystroke(payload)
                 await asyncio.sleep(interval / 1000 * rng.uniform(0.5, 1.5))
-    if pending is not None:
-        await asyncio.gather(pending, return_exceptions=True)
+    await typist.drain()
+
+
+class Typist:
+    """One editor's requests under one of the client behaviours."""
+
+    def __init__(self, client, url, stats, behaviour: str):
+        self.client, self.url, self.stats, self.behaviour = client, url, stats, behaviour
+        self.in_flight: asyncio.Task | None = None
+        self.latest = None  # the newest text not yet sent (vim, vscode)
+
+    def keystroke(self, payload) -> None:
+        if self.behaviour == "cancel":
+            if self.in_flight is not None and not self.in_flight.done():
+                self.in_flight.cancel()  # the editor moved on: drop the stale request
+                self.stats["abandoned"] += 1
+            self.in_flight = asyncio.create_task(request(self.client, self.url, payload, self.stats))
+        elif self.in_flight is None or self.in_flight.done():
+            self.in_flight = asyncio.create_task(self._send_then_newest(payload))
+        else:
+            self.latest = payload  # sent when the request in flight is done
+
+    async def _send_then_newest(self, payload) -> None:
+        while payload is not None:
+            await request(self.client, self.url, payload, self.stats)
+            payload, self.latest = self.latest, None
+            if payload is not None and self.behaviour == "vim":
+                await asyncio.sleep(0.1)  # llama.vim's retry timer
+                payload, self.latest = self.latest or payload, None
+
+    async def pause(self, payload) -> None:
+        """The user stops at a line end: the wait until the answer for this very text."""
+        started = time.perf_counter()
+        if self.behaviour == "cancel":
+            self.keystroke(payload)
+            await asyncio.gather(self.in_flight, return_exceptions=True)
+        else:
+            if self.in_flight is not None and not self.in_flight.done():
+                self.latest = None  # the stale request runs on; this text goes after it
+                await asyncio.gather(self.in_flight, return_exceptions=True)
+                if self.behaviour == "vim":
+                    await asyncio.sleep(0.1)
+            self.in_flight = asyncio.create_task(request(self.client, self.url, payload, self.stats))
+            await asyncio.gather(self.in_flight, return_exceptions=True)
+        self.stats["pause_wait"].append((time.perf_counter() - started) * 1000)
+
+    async def drain(self) -> None:
+        if self.in_flight is not None:
+            await asyncio.gather(self.in_flight, return_exceptions=True)
+
+
+async def probe_health(url: str, deadline: float) -> list:
+    """/health's latency once a second during the load, from its own connection."""
+    times = []
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() < deadline:
+            start = time.perf_counter()
+            try:
+                await client.get(f"{url}/health", timeout=10)
+                times.append(round((time.perf_counter() - start) * 1000, 1))
+            except httpx.HTTPError:
+                times.append(10_000.0)
+            await asyncio.sleep(1.0)
+    return times
 
 
 async def sample_rss(pid: int, deadline: float, every: float) -> list:
@@ -132,12 +195,16 @@ async def run(args) -> dict:
             for _ in range(3):  # warm-up
                 await client.post(f"{url}/infill", json=body(files[0][1], 500, files[0][0]), timeout=60)
             rss_before = rss_mb(proc.pid)
-            stats = {"latency": [], "status": {}, "errors": 0, "abandoned": 0, "superseded": 0, "paused": 0, "prefilled": [], "cached": []}
+            stats = {"latency": [], "pause_wait": [], "status": {}, "errors": 0, "abandoned": 0, "superseded": 0,
+                     "paused": 0, "prefilled": [], "cached": [], "health_ms": []}
             deadline = time.monotonic() + args.seconds
+            health = asyncio.create_task(probe_health(url, deadline))
             rss_series = asyncio.create_task(sample_rss(proc.pid, deadline, 5.0))
             # Each session edits its own files: two sessions typing in one file would supersede each other.
             await asyncio.gather(*(session(client, url, files[i :: args.sessions] or files, deadline, args.interval,
-                                           random.Random(rng.random()), stats) for i in range(args.sessions)))
+                                           random.Random(rng.random()), stats, args.client)
+                                   for i in range(args.sessions)))
+            stats["health_ms"] = await health
             await asyncio.sleep(1.0)
             rss_after = rss_mb(proc.pid)
             rss_series = await rss_series
@@ -146,11 +213,16 @@ async def run(args) -> dict:
             metrics = httpx.get(f"{url}/metrics", timeout=30).text
         except httpx.HTTPError as err:
             metrics = f"# metrics unavailable: {err!r}"
-        lat = sorted(stats["latency"])
-        pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
+        lat, waits = sorted(stats["latency"]), sorted(stats["pause_wait"])
+        pick = lambda q, xs=lat: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None  # noqa: E731
         median = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
         gauge = lambda name: next((line.split()[1] for line in metrics.splitlines() if line.startswith(name + " ")), None)  # noqa: E731
-        return {"sessions": args.sessions, "seconds": args.seconds, "completed": len(lat), "abandoned": stats["abandoned"],
+        return {"client": args.client, "sessions": args.sessions, "seconds": args.seconds,
+                "pause_wait_ms": {"p50": pick(0.5, waits), "p95": pick(0.95, waits), "p99": pick(0.99, waits),
+                                  "count": len(waits)},
+                "completions_per_s": round(len(lat) / args.seconds, 2),
+                "health_ms_max": max(stats["health_ms"], default=None),
+                "completed": len(lat), "abandoned": stats["abandoned"],
                 "superseded_answers": stats["superseded"], "pauses": stats["paused"],
                 "status": stats["status"], "client_errors": stats["errors"],
                 "server_5xx": sum(n for s, n in stats["status"].items() if s >= 500),
@@ -177,6 +249,8 @@ def main() -> int:
     p.add_argument("--interval", type=float, default=150, help="ms between keystrokes of one session")
     p.add_argument("--port", type=int, default=8123)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client", choices=("vim", "vscode", "cancel"), default="cancel",
+                   help="how the editor treats a request in flight (see session())")
     p.add_argument("--json", type=Path)
     p.add_argument("--server-log", type=Path, default=Path("load_server.log"), help="the server's stdout and stderr")
     args = p.parse_args()
