@@ -199,3 +199,19 @@ def test_deepseek_cache_holds_the_latent(hf_checkpoints):
     cache = model.new_cache(8)
     c = model.config
     assert cache.keys.shape[2:] == (1, 8, c.kv_lora_rank + c.head_dim) and cache.values.shape[-1] == 0
+
+
+def test_gpt_oss_mxfp4_file_matches_transformers_own_dequantised_load(hf_checkpoints, tmp_path):
+    import transformers as tf
+
+    _gpt_oss_experts_as_mxfp4(hf_checkpoints["gpt_oss"][0], tmp_path / "mxfp4")
+    config = json.loads((tmp_path / "mxfp4" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (tmp_path / "mxfp4" / "config.json").write_text(json.dumps(config))
+    reference = tf.GptOssForCausalLM.from_pretrained(tmp_path / "mxfp4", dtype=torch.float32,
+                                                     quantization_config=tf.Mxfp4Config(dequantize=True)).eval()
+    ids = torch.randint(0, 97, (1, 17), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = reference(ids).logits
+    assert _rel_err(load_model(tmp_path / "mxfp4").logits(ids), expected) < 1e-4
