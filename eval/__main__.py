@@ -74,7 +74,8 @@ def _run(args, argv) -> int:
 
         baselines = HFBaselines(args.target or default_model_dir() / "target",
                                 args.draft or (default_model_dir() / "draft" if args.target is None else None))
-    drafts = {label: Engine.from_pretrained(args.target, path, index, adaptive=engine.adaptive)
+    drafts = {label: _same_costs(Engine.from_pretrained(args.target, path, index, adaptive=engine.adaptive,
+                                                        warm_up=False), engine)
               for label, path in _drafts(args.drafts).items()}
     records = run_points(engine, index, points, strategies, args.max_tokens, args.seed, baselines=baselines,
                          typing_along=args.typing_along, contexts=contexts, drafts=drafts)
@@ -103,6 +104,18 @@ def _drafts(spec: str) -> dict[str, Path]:
             raise ValueError(f"--drafts {item!r}: expected LABEL=DIR")
         drafts[label] = Path(path)
     return drafts
+
+
+def _same_costs(other, engine):
+    """Another draft of the same shape is priced as the engine's own: the measured verify cost and
+    draft-token floor come from one measurement, so that only the weights differ between them."""
+    same_shape = other.draft is not None and engine.draft is not None and \
+        other.draft.config.raw.get("hidden_size") == engine.draft.config.raw.get("hidden_size") and \
+        other.draft.config.num_layers == engine.draft.config.num_layers
+    if same_shape:
+        other.verify_cost, other.draft_min_prob = engine.verify_cost, engine.draft_min_prob
+    other.warm_up()
+    return other
 
 
 def _held_out(args) -> list[str] | None:
