@@ -167,6 +167,11 @@ class Engine:
 
     # what callers may read ----------------------------------------------------------------
 
+    def queue_depth(self) -> int:
+        """Requests waiting, prefilling or decoding: all that /health needs, with no tensor or
+        prompt-cache work, so that it answers at once whatever the scheduler is doing."""
+        return self.scheduler.queue_depth()
+
     def metrics(self) -> EngineMetrics:
         entries, nbytes = self.prompt_cache.nbytes()
         return EngineMetrics(self.scheduler.queue_depth(), self.target.expert_load().tolist(), entries, nbytes,

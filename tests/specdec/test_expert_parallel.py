@@ -32,6 +32,16 @@ def _torchrun(*args, timeout=120, env=None):
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=environment)
 
 
+def _worker_pid(launcher: int, rank: int) -> int:
+    """The pid of torchrun's worker of that rank (read from /proc)."""
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    for pid in children:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ:
+            return int(pid)
+    raise AssertionError(f"no rank {rank} among {children}")
+
+
 def test_placement_contiguous_and_balanced():
     assert placement(8, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     load = [100, 90, 1, 1, 1, 1, 80, 70]
@@ -127,3 +137,33 @@ def test_without_torchrun_the_flag_is_refused(tiny_models, tmp_path):
                           "--target", str(tiny_models[0]), "--expert-parallel"], capture_output=True, text=True,
                          cwd=ROOT, env=env, timeout=60)
     assert run.returncode == 1 and "needs torchrun" in run.stderr
+
+
+def test_serve_under_torchrun_answers_and_stops_cleanly(tiny_models, tmp_path):
+    """Rank 0 serves HTTP while rank 1 follows; Ctrl-C on rank 0 stops both, and torchrun exits 0."""
+    import signal
+
+    import httpx
+
+    port = _free_port()
+    command = [str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+               "-m", "specdec.cli", "serve", "--target", str(tiny_models[0]), "--draft", str(tiny_models[1]),
+               "--port", str(port), "--expert-parallel"]
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        answer = httpx.post(f"{url}/infill", json={"input_prefix": PROMPT, "n_predict": 8}, timeout=60)
+        assert answer.status_code == 200 and answer.json()["timings"]["predicted_n"] > 0
+        os.kill(_worker_pid(proc.pid, rank=0), signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, (tmp_path / "serve.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
