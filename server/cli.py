@@ -48,6 +48,7 @@ def _serve_expert_parallel(settings, statistics) -> int:
     import logging
     import os
     import signal
+    import sys
 
     from server.main import serve
     from specdec import Engine, default_model_dir, expert_parallel
@@ -61,14 +62,18 @@ def _serve_expert_parallel(settings, statistics) -> int:
         os.kill(os.getpid(), signal.SIGINT)
 
     channel.on_failure = stop_server
+    failed = False
     try:
         engine = Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo, target_model=model)
         serve(settings, engine)
+    except Exception as err:  # the process ends below, without a traceback of its own
+        print(f"specdec: error: {err}", file=sys.stderr)
+        failed = True
     finally:
         channel.close()
-    if channel.broken:
-        raise SystemExit(f"specdec: error: {channel.broken}")
-    return 0
+        if channel.broken:
+            print(f"specdec: error: {channel.broken}", file=sys.stderr)
+        expert_parallel.leave(1 if channel.broken or failed else 0)
 
 
 @dataclass(frozen=True)

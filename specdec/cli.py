@@ -139,11 +139,16 @@ def _complete(args) -> int:
         channel, target_model = expert_parallel.start(args.target or default_model_dir() / "target", args.expert_stats)
         if channel.rank != 0:
             return expert_parallel.run_follower(target_model, channel)
-    try:
+    if channel is None:
         return _complete_with(args, prefix, suffix, index, target_model)
+    code = 1
+    try:
+        code = _complete_with(args, prefix, suffix, index, target_model)
+    except (ValueError, OSError, ExpertParallelError) as err:
+        print(f"specdec: error: {err}", file=sys.stderr)
     finally:
-        if channel is not None:
-            channel.close()
+        channel.close()
+        expert_parallel.leave(code)
 
 
 def _complete_with(args, prefix: str, suffix: str, index, target_model) -> int:

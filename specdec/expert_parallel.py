@@ -291,13 +291,29 @@ def start(target_dir, statistics=None, timeout_s: float | None = None) -> tuple[
 
 
 def run_follower(model: Transformer, channel: Channel) -> int:
-    """A follower's whole life: replay until stopped (0) or until the group fails (1, said why)."""
+    """A follower's whole life: replay until stopped (0) or until the group fails (1, said why).
+
+    The process ends here, without the interpreter's teardown: gloo's threads, finalised after
+    the group is gone, abort the process now and then (std::terminate), turning a clean stop
+    into a crash report."""
     import sys
 
+    code = 1
     try:
-        return follow(model, channel)
+        code = follow(model, channel)
     except ExpertParallelError as err:
         print(f"specdec: error: {err}", file=sys.stderr)
-        return 1
     finally:
         channel.close()
+        leave(code)
+
+
+def leave(code: int) -> None:
+    """End an expert-parallel process after its group is closed, skipping the interpreter's
+    teardown (see run_follower)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
