@@ -4,7 +4,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM",
                      "DeepseekV2ForCausalLM")
 GPT_OSS, DEEPSEEK_V2 = "GptOssForCausalLM", "DeepseekV2ForCausalLM"
@@ -80,6 +80,8 @@ class ModelConfig:
         extra = _gpt_oss_fields(raw, num_layers) if is_gpt_oss else {}
         if architecture == DEEPSEEK_V2:
             extra = _deepseek_fields(raw, num_layers)
+        if architecture == "MistralForCausalLM" and raw.get("sliding_window"):  # Mistral, Codestral: every layer
+            extra = {"layer_windows": (int(raw["sliding_window"]),) * num_layers}
         fields = dict(
             architecture=architecture,
             vocab_size=raw["vocab_size"],

@@ -63,13 +63,15 @@ def tiny_hf_model(arch: str):
                                                    "beta_fast": 32.0, "beta_slow": 1.0, "rope_theta": 10000.0})
         cfg._attn_implementation = "eager"
         return tf.DeepseekV2ForCausalLM(cfg)
+    if arch == "mistral":  # a sliding window shorter than the tests' sequences
+        return tf.MistralForCausalLM(tf.MistralConfig(**COMMON, head_dim=12, sliding_window=6))
     if arch == "mixtral":
         cfg = tf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)
         return tf.MixtralForCausalLM(cfg)
     raise ValueError(arch)
 
 
-ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "qwen2_moe_step2", "gpt_oss", "deepseek_v2",
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "qwen2_moe_step2", "gpt_oss", "deepseek_v2", "mistral",
          "deepseek_v2_qlora"]
 
 
