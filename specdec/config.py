@@ -6,7 +6,7 @@ from pathlib import Path
 
 DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM",
-                     "DeepseekV2ForCausalLM")
+                     "DeepseekV2ForCausalLM", "GraniteMoeForCausalLM")
 GPT_OSS, DEEPSEEK_V2 = "GptOssForCausalLM", "DeepseekV2ForCausalLM"
 _QWEN2_STYLE = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")  # q/k/v bias, no o_proj bias
 SUPPORTED_ARCHITECTURES = DENSE_ARCHITECTURES + MOE_ARCHITECTURES
@@ -61,6 +61,12 @@ class ModelConfig:
     expert_groups: tuple = ()  # (n_group, topk_group) for group-limited greedy routing
     routed_scaling_factor: float = 1.0
     shared_expert_gated: bool = True  # Qwen2-MoE's sigmoid gate; DeepSeek adds its shared experts as they are
+    # Granite-MoE's multipliers: of the embeddings, of each block's output into the residual,
+    # the attention scale (instead of 1/sqrt(head_dim)), and a divisor of the logits
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_scale: float | None = None
+    logits_scaling: float = 1.0
     raw: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -80,6 +86,11 @@ class ModelConfig:
         extra = _gpt_oss_fields(raw, num_layers) if is_gpt_oss else {}
         if architecture == DEEPSEEK_V2:
             extra = _deepseek_fields(raw, num_layers)
+        if architecture == "GraniteMoeForCausalLM":
+            extra = {"routing": "topk_softmax", "embedding_multiplier": float(raw.get("embedding_multiplier", 1.0)),
+                     "residual_multiplier": float(raw.get("residual_multiplier", 1.0)),
+                     "attention_scale": float(raw.get("attention_multiplier", 1.0)),
+                     "logits_scaling": float(raw.get("logits_scaling", 1.0))}
         if architecture == "MistralForCausalLM" and raw.get("sliding_window"):  # Mistral, Codestral: every layer
             extra = {"layer_windows": (int(raw["sliding_window"]),) * num_layers}
         fields = dict(
@@ -103,7 +114,8 @@ class ModelConfig:
             top_k=raw.get("num_experts_per_tok", 0) if num_experts else 0,
             # Mixtral's experts use intermediate_size; Qwen3-MoE has a separate width.
             moe_intermediate_size=(
-                raw.get("intermediate_size", 0) if is_mixtral or is_gpt_oss else raw.get("moe_intermediate_size", 0)
+                raw.get("intermediate_size", 0) if is_mixtral or is_gpt_oss or architecture == "GraniteMoeForCausalLM"
+                else raw.get("moe_intermediate_size", 0)
             ),
             norm_topk_prob=True if is_mixtral else bool(raw.get("norm_topk_prob", False)),
             sparse_layers=_sparse_layers(raw, architecture, num_layers, num_experts),
@@ -204,7 +216,7 @@ def _rope_theta(raw: dict, default: float = 10000.0) -> float:
 def _sparse_layers(raw, architecture, num_layers, num_experts) -> tuple:
     if not num_experts:
         return ()
-    if architecture == "MixtralForCausalLM":
+    if architecture in ("MixtralForCausalLM", "GraniteMoeForCausalLM"):
         return tuple(range(num_layers))
     step = raw.get("decoder_sparse_step", 1) or 1
     dense = set(raw.get("mlp_only_layers") or [])

@@ -19,6 +19,8 @@ from specdec.model import SparseMoeBlock, Transformer
 
 _PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
 _FUSED_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
+_GRANITE_NAMES = {"router.weight": "gate.weight", "router.layer.weight": "gate.weight",  # Granite-MoE
+                  "input_linear.weight": "experts.gate_up_proj", "output_linear.weight": "experts.down_proj"}
 _EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -88,6 +90,7 @@ def _read_tensors(path: Path, cfg: ModelConfig, expected: dict, dtype, device, s
         checkpoint = _gpt_oss_tensors(checkpoint, path)
     for name, tensor in checkpoint:
         name = name.replace(".block_sparse_moe.", ".mlp.").replace(".mlp.shared_experts.", ".mlp.shared_expert.")
+        name = _granite_name(name)
         match = _PER_EXPERT.match(name)
         if match and match.group(3) in _EXPERT_PART:
             prefix, expert, part = match.group(1), int(match.group(2)), _EXPERT_PART[match.group(3)]
@@ -146,6 +149,12 @@ def _gate_rows_first(tensor: torch.Tensor, dim: int) -> torch.Tensor:
     size = tensor.shape[dim]
     order = torch.cat([torch.arange(0, size, 2), torch.arange(1, size, 2)])
     return tensor.index_select(dim, order).contiguous()
+
+
+def _granite_name(name: str) -> str:
+    """Granite-MoE's router and stacked experts under this model's names (others unchanged)."""
+    block, _, part = name.rpartition(".mlp.")
+    return f"{block}.mlp.{_GRANITE_NAMES[part]}" if block and part in _GRANITE_NAMES else name
 
 
 def _stack_experts(prefix: str, parts: dict, wanted: list, num_experts: int, unexpected: list) -> dict:

@@ -94,6 +94,7 @@ class Attention(nn.Module):
         if cfg.attention_sinks:
             self.sinks = nn.Parameter(torch.zeros(cfg.num_heads))
         self.window = cfg.layer_windows[layer] if cfg.layer_windows else 0
+        self.scale = cfg.attention_scale  # None: 1/sqrt(head_dim)
 
     def fuse(self) -> None:
         """For inference: one [q; k; v] projection (three small matmuls cost three dispatches),
@@ -136,7 +137,7 @@ class Attention(nn.Module):
                 seg.cache.keys[self.layer],
                 seg.cache.values[self.layer],
                 (seg.cache.length,),
-                None if seg.tree_mask is None else seg.tree_mask[None],
+                None if seg.tree_mask is None else seg.tree_mask[None], self.scale,
                 sinks=sinks, window=self.window,
                 positions=None if positions is None or not self.window else positions[start:end][None],
             )
@@ -286,10 +287,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_in_fp32)
         sparse = layer in cfg.sparse_layers
         self.mlp = SparseMoeBlock(cfg) if sparse else DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.residual_multiplier = cfg.residual_multiplier
 
     def forward(self, x, cos, sin, segments, positions=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, segments, positions)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        scale = self.residual_multiplier
+        h = self.self_attn(self.input_layernorm(x), cos, sin, segments, positions)
+        x = x + (h if scale == 1.0 else h * scale)
+        h = self.mlp(self.post_attention_layernorm(x))
+        return x + (h if scale == 1.0 else h * scale)
 
 
 class DecoderStack(nn.Module):
@@ -368,6 +373,8 @@ class Transformer(nn.Module):
         for seg in segments:
             seg.cache.reserve(seg.length)
         x = self.model.embed_tokens(input_ids)
+        if self.config.embedding_multiplier != 1.0:
+            x = x * self.config.embedding_multiplier
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype, self.rope_frequencies)
         inputs = {}
         for i, layer in enumerate(self.model.layers):
@@ -379,7 +386,8 @@ class Transformer(nn.Module):
             x = x[logits_rows]
         weight = getattr(self, "_lm_head_weight", None)
         x = self.model.norm(x)
-        return (self.lm_head(x) if weight is None else F.linear(x, weight)).float()
+        logits = (self.lm_head(x) if weight is None else F.linear(x, weight)).float()
+        return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling
 
     def logits(self, input_ids):
         """LongTensor [B, T] -> FloatTensor [B, T, vocab]; plain causal, no cache kept."""

@@ -65,13 +65,17 @@ def tiny_hf_model(arch: str):
         return tf.DeepseekV2ForCausalLM(cfg)
     if arch == "mistral":  # a sliding window shorter than the tests' sequences
         return tf.MistralForCausalLM(tf.MistralConfig(**COMMON, head_dim=12, sliding_window=6))
+    if arch == "granitemoe":  # every multiplier away from 1
+        cfg = tf.GraniteMoeConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=3.0,
+                                  residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=2.5)
+        return tf.GraniteMoeForCausalLM(cfg)
     if arch == "mixtral":
         cfg = tf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)
         return tf.MixtralForCausalLM(cfg)
     raise ValueError(arch)
 
 
-ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "qwen2_moe_step2", "gpt_oss", "deepseek_v2", "mistral",
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "qwen2_moe_step2", "gpt_oss", "deepseek_v2", "mistral", "granitemoe",
          "deepseek_v2_qlora"]
 
 
