@@ -264,16 +264,14 @@ class SparseMoeBlock(nn.Module):
         self.tokens_per_expert += self.last_routed
         out = kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
                                 act=self.activation())
-        return out + self.shared(x)
+        return out + self.shared(x) if hasattr(self, "shared_expert") else out
 
     def route(self, x):
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize, self.routing, self.groups)
         return (weights * self.routed_scale if self.routed_scale != 1.0 else weights), ids
 
     def shared(self, x):
-        """The shared expert's share (0 when there is none)."""
-        if not hasattr(self, "shared_expert"):
-            return 0
+        """The shared expert's share (call only when there is one)."""
         if hasattr(self, "shared_expert_gate"):
             return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return self.shared_expert(x)
