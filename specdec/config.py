@@ -4,7 +4,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+DENSE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                       "Starcoder2ForCausalLM")
 MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "GptOssForCausalLM",
                      "DeepseekV2ForCausalLM", "GraniteMoeForCausalLM")
 GPT_OSS, DEEPSEEK_V2 = "GptOssForCausalLM", "DeepseekV2ForCausalLM"
@@ -67,6 +68,9 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     attention_scale: float | None = None
     logits_scaling: float = 1.0
+    # StarCoder2: LayerNorm with bias, and a GELU MLP (c_fc, c_proj) with biases
+    layer_norm: bool = False
+    gelu_mlp: str | None = None  # the activation: "gelu_pytorch_tanh" or "gelu"
     raw: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -91,6 +95,8 @@ class ModelConfig:
                      "residual_multiplier": float(raw.get("residual_multiplier", 1.0)),
                      "attention_scale": float(raw.get("attention_multiplier", 1.0)),
                      "logits_scaling": float(raw.get("logits_scaling", 1.0))}
+        if architecture == "Starcoder2ForCausalLM":
+            extra = _starcoder2_fields(raw, num_layers)
         if architecture == "MistralForCausalLM" and raw.get("sliding_window"):  # Mistral, Codestral: every layer
             extra = {"layer_windows": (int(raw["sliding_window"]),) * num_layers}
         fields = dict(
@@ -160,6 +166,17 @@ def _gpt_oss_fields(raw: dict, num_layers: int) -> dict:
     return {"routing": "topk_softmax", "router_bias": True, "expert_bias": True, "attention_sinks": True,
             "swiglu_limit": float(raw.get("swiglu_limit", 7.0)), "swiglu_alpha": float(raw.get("swiglu_alpha", 1.702)),
             "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types), "norm_in_fp32": True}
+
+
+def _starcoder2_fields(raw: dict, num_layers: int) -> dict:
+    act = raw.get("hidden_act", "gelu_pytorch_tanh")
+    if act not in ("gelu_pytorch_tanh", "gelu"):
+        raise ConfigError(f"hidden_act {act!r}: StarCoder2 models with gelu_pytorch_tanh or gelu are supported")
+    bias = bool(raw.get("use_bias", True))
+    window = raw.get("sliding_window") or 0
+    return {"layer_norm": True, "gelu_mlp": act, "attention_bias": bias, "o_proj_bias": bias, "mlp_bias": bias,
+            "rms_norm_eps": float(raw.get("norm_epsilon", 1e-5)),
+            "layer_windows": (int(window),) * num_layers if window else ()}
 
 
 def _deepseek_fields(raw: dict, num_layers: int) -> dict:

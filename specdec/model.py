@@ -212,6 +212,26 @@ def _yarn_mscale_squared(cfg: ModelConfig) -> float:
     return (0.1 * all_dim * math.log(factor) + 1.0) ** 2
 
 
+class GeluMLP(nn.Module):
+    """StarCoder2's MLP: c_fc, GELU, c_proj, with biases."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool, activation: str):
+        super().__init__()
+        self.c_fc = nn.Linear(hidden, intermediate, bias=bias)
+        self.c_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.approximate = "tanh" if activation == "gelu_pytorch_tanh" else "none"
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate))
+
+
+def norm_for(cfg: ModelConfig, dim: int) -> nn.Module:
+    """The family's normalisation: RMSNorm, or LayerNorm with bias (StarCoder2)."""
+    if cfg.layer_norm:
+        return nn.LayerNorm(dim, eps=cfg.rms_norm_eps)
+    return RMSNorm(dim, cfg.rms_norm_eps, cfg.norm_in_fp32)
+
+
 class DenseMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
@@ -280,11 +300,15 @@ class SparseMoeBlock(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_in_fp32)
+        self.input_layernorm = norm_for(cfg, cfg.hidden_size)
         self.self_attn = LatentAttention(cfg, layer) if cfg.kv_lora_rank else Attention(cfg, layer)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_in_fp32)
-        sparse = layer in cfg.sparse_layers
-        self.mlp = SparseMoeBlock(cfg) if sparse else DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.post_attention_layernorm = norm_for(cfg, cfg.hidden_size)
+        if layer in cfg.sparse_layers:
+            self.mlp = SparseMoeBlock(cfg)
+        elif cfg.gelu_mlp:
+            self.mlp = GeluMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.gelu_mlp)
+        else:
+            self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
         self.residual_multiplier = cfg.residual_multiplier
 
     def forward(self, x, cos, sin, segments, positions=None):
@@ -300,7 +324,7 @@ class DecoderStack(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_in_fp32)
+        self.norm = norm_for(cfg, cfg.hidden_size)
 
 
 class Transformer(nn.Module):

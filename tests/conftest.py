@@ -69,13 +69,15 @@ def tiny_hf_model(arch: str):
         cfg = tf.GraniteMoeConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=3.0,
                                   residual_multiplier=0.5, attention_multiplier=0.3, logits_scaling=2.5)
         return tf.GraniteMoeForCausalLM(cfg)
+    if arch == "starcoder2":  # LayerNorm with bias, GELU MLP with biases, a window shorter than the sequences
+        return tf.Starcoder2ForCausalLM(tf.Starcoder2Config(**COMMON, sliding_window=7, use_bias=True))
     if arch == "mixtral":
         cfg = tf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)
         return tf.MixtralForCausalLM(cfg)
     raise ValueError(arch)
 
 
-ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "qwen2_moe_step2", "gpt_oss", "deepseek_v2", "mistral", "granitemoe",
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe", "qwen2_moe_step2", "gpt_oss", "deepseek_v2", "mistral", "granitemoe", "starcoder2",
          "deepseek_v2_qlora"]
 
 

@@ -23,7 +23,7 @@ def test_logits_match_transformers(hf_checkpoints, arch):
     assert _rel_err(model.logits(ids), expected) < 1e-4
 
 
-@pytest.mark.parametrize("arch", ["gpt_oss", "deepseek_v2", "mistral"])
+@pytest.mark.parametrize("arch", ["gpt_oss", "deepseek_v2", "mistral", "starcoder2"])
 def test_long_sequences_match_transformers(hf_checkpoints, arch):
     """160 positions: past YaRN's original context (64) and far past GPT-OSS's window (5)."""
     directory, reference = hf_checkpoints[arch]
@@ -34,7 +34,7 @@ def test_long_sequences_match_transformers(hf_checkpoints, arch):
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2", "qwen2_moe", "gpt_oss", "deepseek_v2",
-                                  "deepseek_v2_qlora", "mistral", "granitemoe"])
+                                  "deepseek_v2_qlora", "mistral", "granitemoe", "starcoder2"])
 def test_cached_decoding_matches_causal_forward(hf_checkpoints, arch):
     model = load_model(hf_checkpoints[arch][0])
     ids = torch.randint(0, 97, (1, 16), generator=torch.Generator().manual_seed(2))
@@ -117,7 +117,8 @@ def test_qwen2_moe_layout_is_read(hf_checkpoints):
     assert listed.sparse_layers == (0, 1, 3) and listed.attention_bias and not listed.o_proj_bias
 
 
-@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen2_moe_step2", "gpt_oss", "deepseek_v2", "mistral", "granitemoe"])
+@pytest.mark.parametrize("arch", ["qwen2_moe", "qwen2_moe_step2", "gpt_oss", "deepseek_v2", "mistral", "granitemoe",
+                                  "starcoder2"])
 def test_every_strategy_equals_ar_on_the_family(arch, tiny_models, tmp_path):
     """The engine path on the family: cached decode and tree verification give ar's tokens."""
     import shutil
@@ -140,7 +141,8 @@ def test_every_strategy_equals_ar_on_the_family(arch, tiny_models, tmp_path):
     model.save_pretrained(tmp_path)
     shutil.copy(tokenizer_file, tmp_path / "tokenizer.json")
     expected = {"gpt_oss": tf.GptOssForCausalLM, "deepseek_v2": tf.DeepseekV2ForCausalLM,
-                "mistral": tf.MistralForCausalLM, "granitemoe": tf.GraniteMoeForCausalLM}.get(arch, tf.Qwen2MoeForCausalLM)
+                "mistral": tf.MistralForCausalLM, "granitemoe": tf.GraniteMoeForCausalLM,
+                "starcoder2": tf.Starcoder2ForCausalLM}.get(arch, tf.Qwen2MoeForCausalLM)
     assert isinstance(model, expected)
     target = load_model(tmp_path)
     engine = Engine(target, target, adaptive=False)  # the target as its own draft: deep trees accepted
