@@ -40,6 +40,7 @@ def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = N
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory; expected a Hugging Face model directory")
     cfg = ModelConfig.from_file(path / "config.json")
+    check_fits_memory(path, dtype, device, experts)
     with torch.device("meta"):
         model = Transformer(cfg)
         if experts is not None:
@@ -57,6 +58,60 @@ def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = N
     model.path = path
     model.fuse_for_inference()
     return model.eval()
+
+
+HEADROOM = 1.15  # caches, activations and the allocator's slack on top of the weights
+
+
+def weight_bytes(path: Path, dtype, experts: dict | None = None) -> int:
+    """The weights' size once loaded in `dtype`, from the safetensors headers (nothing is read);
+    with `experts` (a shard), other experts' tensors are not counted."""
+    import struct
+
+    files = sorted(path.glob("*.safetensors"))
+    element = torch.tensor([], dtype=dtype).element_size()
+    total, keep = 0, _expert_filter(experts)
+    for file in files:
+        try:
+            with file.open("rb") as stream:
+                header = json.loads(stream.read(struct.unpack("<Q", stream.read(8))[0]))
+        except (OSError, struct.error, ValueError, MemoryError, OverflowError) as err:
+            raise CheckpointError(f"{file}: cannot read safetensors file ({err})") from None
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            count = 1
+            for size in info["shape"]:
+                count *= size
+            if name.endswith("_scales"):  # MXFP4: decoded into the blocks' weights
+                continue
+            if name.endswith("_blocks"):
+                count *= 2  # two e2m1 values a byte
+            rows = keep(name)
+            if rows is not None:
+                count = count * len(rows) // max(1, info["shape"][0]) if rows else 0
+            total += count * element
+    return total
+
+
+def available_bytes(device) -> int:
+    """Memory free for the weights: the GPU's free memory, or the machine's available RAM."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 1 << 62  # not Linux: no estimate to refuse on
+
+
+def check_fits_memory(path: Path, dtype, device, experts: dict | None = None) -> None:
+    """Refuse, before reading any weight, a model that will not fit where it is loaded."""
+    need, free = weight_bytes(path, dtype, experts) * HEADROOM, available_bytes(device)
+    if need > free:
+        raise CheckpointError(f"{path}: the weights need about {need / 2**30:.1f} GiB in {dtype} (with "
+                              f"{HEADROOM - 1:.0%} headroom) but {device} has {free / 2**30:.1f} GiB free; use a "
+                              "smaller dtype (bf16), a larger device, or --expert-parallel across ranks")
 
 
 def _shrink_experts(model: Transformer, experts: dict) -> None:

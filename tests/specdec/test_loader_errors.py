@@ -62,3 +62,16 @@ def test_missing_directory_and_files(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="no config.json"):
         load_model(tmp_path / "empty")
+
+
+def test_a_model_that_will_not_fit_is_refused_before_loading(tiny_models, monkeypatch):
+    from specdec import loader
+
+    need = loader.weight_bytes(tiny_models[0], torch.float32)
+    half = loader.weight_bytes(tiny_models[0], torch.bfloat16)
+    assert need > 0 and abs(half * 2 - need) <= 8
+    monkeypatch.setattr(loader, "available_bytes", lambda device: need // 2)
+    with pytest.raises(loader.CheckpointError, match="the weights need about .* GiB in torch.float32"):
+        loader.load_model(tiny_models[0])
+    monkeypatch.setattr(loader, "available_bytes", lambda device: need * 2)
+    assert loader.load_model(tiny_models[0]) is not None
