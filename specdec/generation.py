@@ -204,7 +204,8 @@ class Generation:
         engine, strategy = self.engine, self.options.strategy
         tree = TokenTree(self.committed[-1])
         document_policy = self.policies[0]
-        self.speculating = strategy != "ar" and (not engine.adaptive or document_policy.should_speculate(strategy))
+        self.speculating = strategy != "ar" and (not engine.adaptive or document_policy.should_speculate(strategy)
+                                                 or self._along_a_suggestion(strategy))
         if not self.speculating:
             return tree
         paths = self._paths(strategy, document_policy.acceptance)
@@ -214,6 +215,13 @@ class Generation:
         grow_tree(tree, paths, engine.verify_cost, engine.max_tree_nodes, force=not engine.adaptive)
         self.stats.tree_nodes += len(tree)
         return tree
+
+    def _along_a_suggestion(self, strategy: str) -> bool:
+        """Speculate, whatever the measured speeds say, while the text runs along an earlier
+        suggestion of this document: then whole lines are accepted at once, which periodic
+        exploration alone would find too late."""
+        return strategy == "hybrid" and self.engine.history.typing_along(self.options.document,
+                                                                         self.options.prefix + self.text)
 
     def _paths(self, strategy: str, acceptance) -> list[DraftPath]:
         engine, paths = self.engine, []

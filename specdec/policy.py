@@ -56,7 +56,7 @@ class SpeculationPolicy:
     step_speed: dict = field(default_factory=dict)  # strategy -> {"spec": ms, "plain": ms}
     steps: dict = field(default_factory=dict)  # strategy -> steps recorded
 
-    EXPLORE_EVERY = 8  # one step in this many tries the slower kind, so the estimate stays current
+    EXPLORE_EVERY = 32  # one step in this many tries the slower kind, so the estimate stays current
 
     def should_speculate(self, strategy: str) -> bool:
         """Speculate where it is measured faster (a pure question: recording a step moves the state)."""

@@ -148,3 +148,16 @@ def test_stats_count_tree_nodes_and_experts_woken(engine):
     passes = result.stats.target_passes
     assert result.stats.tree_nodes >= passes  # each pass verifies its root at least
     assert passes * len(cfg.sparse_layers) <= result.stats.experts_woken <= passes * len(cfg.sparse_layers) * cfg.num_experts
+
+
+def test_history_knows_when_the_text_runs_along_a_suggestion():
+    from specdec.history import SuggestionHistory
+
+    history = SuggestionHistory()
+    prefix = "def area(radius):\n    "
+    history.record("doc", prefix, "return math.pi * radius * radius\n")
+    typed = prefix + "return math.pi * ra"
+    assert history.typing_along("doc", typed, length=12)
+    assert not history.typing_along("doc", prefix + "print('something else entirely')", length=12)
+    assert not history.typing_along("other", typed, length=12)
+    assert not history.typing_along("doc", prefix + "return math.pi * radius * radius\n", length=12)  # nothing left
