@@ -7,6 +7,7 @@ load as they are.
 """
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from specdec.model import SparseMoeBlock, Transformer
 
 _PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
 _FUSED_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
-_GRANITE_NAMES = {"router.weight": "gate.weight", "router.layer.weight": "gate.weight",  # Granite-MoE
+_RENAMED_PARTS = {"router.weight": "gate.weight", "router.bias": "gate.bias", "router.layer.weight": "gate.weight",
                   "input_linear.weight": "experts.gate_up_proj", "output_linear.weight": "experts.down_proj"}
 _EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -66,30 +67,21 @@ HEADROOM = 1.15  # caches, activations and the allocator's slack on top of the w
 def weight_bytes(path: Path, dtype, experts: dict | None = None) -> int:
     """The weights' size once loaded in `dtype`, from the safetensors headers (nothing is read);
     with `experts` (a shard), other experts' tensors are not counted."""
-    import struct
-
-    files = sorted(path.glob("*.safetensors"))
     element = torch.tensor([], dtype=dtype).element_size()
     total, keep = 0, _expert_filter(experts)
-    for file in files:
+    for file in _checkpoint_files(path):
         try:
-            with file.open("rb") as stream:
-                header = json.loads(stream.read(struct.unpack("<Q", stream.read(8))[0]))
-        except (OSError, struct.error, ValueError, MemoryError, OverflowError) as err:
-            raise CheckpointError(f"{file}: cannot read safetensors file ({err})") from None
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            count = 1
-            for size in info["shape"]:
-                count *= size
+            with safe_open(path / file, framework="pt") as handle:
+                shapes = {name: handle.get_slice(name).get_shape() for name in handle.keys()}
+        except (OSError, RuntimeError, ValueError) as err:
+            raise CheckpointError(f"{path / file}: cannot read safetensors file ({err})") from None
+        for name, shape in shapes.items():
             if name.endswith("_scales"):  # MXFP4: decoded into the blocks' weights
                 continue
-            if name.endswith("_blocks"):
-                count *= 2  # two e2m1 values a byte
+            count = math.prod(shape) * (2 if name.endswith("_blocks") else 1)  # blocks: two e2m1 values a byte
             rows = keep(name)
             if rows is not None:
-                count = count * len(rows) // max(1, info["shape"][0]) if rows else 0
+                count = count * len(rows) // max(1, shape[0]) if rows else 0
             total += count * element
     return total
 
@@ -128,7 +120,7 @@ def _expert_filter(experts: dict | None):
     def rows(name: str):
         if experts is None:
             return None
-        name = name.replace(".block_sparse_moe.", ".mlp.")
+        name = _canonical_name(name)
         match = _PER_EXPERT.match(name)
         if match:
             layer = int(name.split(".")[2])
@@ -144,8 +136,7 @@ def _read_tensors(path: Path, cfg: ModelConfig, expected: dict, dtype, device, s
     if cfg.architecture == GPT_OSS:
         checkpoint = _gpt_oss_tensors(checkpoint, path)
     for name, tensor in checkpoint:
-        name = name.replace(".block_sparse_moe.", ".mlp.").replace(".mlp.shared_experts.", ".mlp.shared_expert.")
-        name = _granite_name(name)
+        name = _canonical_name(name)
         match = _PER_EXPERT.match(name)
         if match and match.group(3) in _EXPERT_PART:
             prefix, expert, part = match.group(1), int(match.group(2)), _EXPERT_PART[match.group(3)]
@@ -185,9 +176,7 @@ def _gpt_oss_tensors(checkpoint, path: Path):
                 weight = dequantize_mxfp4(blocks.reshape(*blocks.shape[:2], -1), parts["scales"])  # [E, out, in]
                 yield base, _gate_rows_first(weight, dim=1) if base.endswith("gate_up_proj") else weight
             continue
-        if ".mlp.router." in name:
-            yield name.replace(".mlp.router.", ".mlp.gate."), tensor
-        elif name.endswith(".mlp.experts.gate_up_proj"):
+        if name.endswith(".mlp.experts.gate_up_proj"):
             yield name, _gate_rows_first(tensor.transpose(1, 2), dim=1)
         elif name.endswith(".mlp.experts.gate_up_proj_bias"):
             yield name, _gate_rows_first(tensor, dim=1)
@@ -206,10 +195,13 @@ def _gate_rows_first(tensor: torch.Tensor, dim: int) -> torch.Tensor:
     return tensor.index_select(dim, order).contiguous()
 
 
-def _granite_name(name: str) -> str:
-    """Granite-MoE's router and stacked experts under this model's names (others unchanged)."""
+def _canonical_name(name: str) -> str:
+    """A checkpoint tensor's name in this model's terms: Mixtral's block_sparse_moe and
+    DeepSeek's shared_experts, and the routers (GPT-OSS, Granite-MoE) and stacked experts
+    (Granite-MoE) named otherwise (others unchanged)."""
+    name = name.replace(".block_sparse_moe.", ".mlp.").replace(".mlp.shared_experts.", ".mlp.shared_expert.")
     block, _, part = name.rpartition(".mlp.")
-    return f"{block}.mlp.{_GRANITE_NAMES[part]}" if block and part in _GRANITE_NAMES else name
+    return f"{block}.mlp.{_RENAMED_PARTS[part]}" if block and part in _RENAMED_PARTS else name
 
 
 def _stack_experts(prefix: str, parts: dict, wanted: list, num_experts: int, unexpected: list) -> dict:
@@ -243,21 +235,24 @@ def _problems(expected: dict, tensors: dict, unexpected: list) -> list:
     return problems
 
 
-def _iter_checkpoint(path: Path, rows_of=lambda name: None):
-    """(name, tensor) of every checkpoint tensor; rows_of(name) may skip one ([]) or pick the
-    expert rows of a stacked one (a list), read without reading the rest."""
+def _checkpoint_files(path: Path) -> list[str]:
+    """The safetensors files of a checkpoint: its index's, or the single model.safetensors."""
     index = path / "model.safetensors.index.json"
     if index.exists():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as err:
             raise CheckpointError(f"{index}: not a valid safetensors index ({err})") from None
-        files = sorted(set(weight_map.values()))
-    elif (path / "model.safetensors").exists():
-        files = ["model.safetensors"]
-    else:
-        raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
-    for file in files:
+        return sorted(set(weight_map.values()))
+    if (path / "model.safetensors").exists():
+        return ["model.safetensors"]
+    raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
+
+
+def _iter_checkpoint(path: Path, rows_of=lambda name: None):
+    """(name, tensor) of every checkpoint tensor; rows_of(name) may skip one ([]) or pick the
+    expert rows of a stacked one (a list), read without reading the rest."""
+    for file in _checkpoint_files(path):
         try:
             with safe_open(path / file, framework="pt") as handle:
                 for name in handle.keys():
