@@ -87,18 +87,8 @@ class ModelConfig:
             num_experts = 0
         is_mixtral = architecture == "MixtralForCausalLM"
         is_gpt_oss = architecture == GPT_OSS
-        extra = _gpt_oss_fields(raw, num_layers) if is_gpt_oss else {}
-        if architecture == DEEPSEEK_V2:
-            extra = _deepseek_fields(raw, num_layers)
-        if architecture == "GraniteMoeForCausalLM":
-            extra = {"routing": "topk_softmax", "embedding_multiplier": float(raw.get("embedding_multiplier", 1.0)),
-                     "residual_multiplier": float(raw.get("residual_multiplier", 1.0)),
-                     "attention_scale": float(raw.get("attention_multiplier", 1.0)),
-                     "logits_scaling": float(raw.get("logits_scaling", 1.0))}
-        if architecture == "Starcoder2ForCausalLM":
-            extra = _starcoder2_fields(raw, num_layers)
-        if architecture == "MistralForCausalLM" and raw.get("sliding_window"):  # Mistral, Codestral: every layer
-            extra = {"layer_windows": (int(raw["sliding_window"]),) * num_layers}
+        family = _FAMILY_FIELDS.get(architecture)
+        extra = family(raw, num_layers) if family else {}
         fields = dict(
             architecture=architecture,
             vocab_size=raw["vocab_size"],
@@ -195,6 +185,24 @@ def _deepseek_fields(raw: dict, num_layers: int) -> dict:
             "shared_expert_size": moe_width * (raw.get("n_shared_experts") or 0), "shared_expert_gated": False,
             "sparse_layers": tuple(range(raw.get("first_k_dense_replace") or 0, num_layers)),
             "norm_topk_prob": bool(raw.get("norm_topk_prob", False))}
+
+
+def _granite_fields(raw: dict, num_layers: int) -> dict:
+    return {"routing": "topk_softmax", "embedding_multiplier": float(raw.get("embedding_multiplier", 1.0)),
+            "residual_multiplier": float(raw.get("residual_multiplier", 1.0)),
+            "attention_scale": float(raw.get("attention_multiplier", 1.0)),
+            "logits_scaling": float(raw.get("logits_scaling", 1.0))}
+
+
+def _mistral_fields(raw: dict, num_layers: int) -> dict:
+    """Mistral, Codestral: one sliding window on every layer, when set."""
+    window = raw.get("sliding_window")
+    return {"layer_windows": (int(window),) * num_layers} if window else {}
+
+
+# What each family sets beyond the common fields, from its raw config and layer count.
+_FAMILY_FIELDS = {GPT_OSS: _gpt_oss_fields, DEEPSEEK_V2: _deepseek_fields, "GraniteMoeForCausalLM": _granite_fields,
+                  "Starcoder2ForCausalLM": _starcoder2_fields, "MistralForCausalLM": _mistral_fields}
 
 
 def _yarn(raw: dict, default: bool = False) -> dict | None:

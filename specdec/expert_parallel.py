@@ -43,8 +43,6 @@ class ShardedMoe(SparseMoeBlock):
 
     def forward(self, x):
         weights, ids = self.route(x)  # [N, A], the same on every rank
-        self.last_routed = torch.bincount(ids.reshape(-1), minlength=self.tokens_per_expert.numel())
-        self.tokens_per_expert += self.last_routed
         c, n, k = self.channel, x.shape[0], self.top_k
         chunk = -(-n // c.world)
         lo, hi = min(n, c.rank * chunk), min(n, (c.rank + 1) * chunk)
@@ -257,14 +255,6 @@ def _apply_cache_ops(model, caches: dict, ops: list[int]) -> None:
             i += 2
         else:
             raise ExpertParallelError(f"unknown cache operation {code} from the leader")
-
-
-def expert_parallel_target(path, layouts=None, timeout_s: float | None = None):
-    """(channel, model) for this rank, joined to the group torchrun started."""
-    from specdec.distributed import init_channel
-
-    channel = init_channel(timeout_s)
-    return channel, load_sharded(path, channel, layouts)
 
 
 def start(target_dir, statistics=None, timeout_s: float | None = None) -> tuple[Channel, Transformer]:

@@ -5,7 +5,6 @@ loading is a plain mapping. The forward takes a flat batch of new tokens from se
 (segments), each with its own KV cache and an optional tree mask.
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -15,7 +14,7 @@ from torch import nn
 import kernels
 from specdec.config import ModelConfig
 from specdec.kvcache import KVCache
-from specdec.rope import rope_frequencies
+from specdec.rope import logit_scale, rope_frequencies
 
 # N = new tokens in the flat batch, H = hidden, Hq/Hkv = heads, D = head dim, E = experts
 
@@ -170,7 +169,7 @@ class LatentAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(r, 1e-6)
         self.kv_b_proj = nn.Linear(r, heads * (nope + cfg.v_head_dim), bias=False)
         self.o_proj = nn.Linear(heads * cfg.v_head_dim, cfg.hidden_size, bias=cfg.attention_bias)
-        self.scale = (nope + rope) ** -0.5 * _yarn_mscale_squared(cfg)
+        self.scale = (nope + rope) ** -0.5 * logit_scale(cfg)
 
     def forward(self, x, cos, sin, segments, positions=None):
         cfg, n = self.cfg, x.shape[0]
@@ -201,15 +200,6 @@ def _rotate_pairs(x, cos, sin):
     """RoPE on consecutive pairs (x[2i], x[2i+1]) by angle i; cos, sin [N, 1, D/2]."""
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-
-
-def _yarn_mscale_squared(cfg: ModelConfig) -> float:
-    """DeepSeek's YaRN also scales the attention logits by mscale(factor, mscale_all_dim)^2."""
-    params = cfg.rope_scaling or {}
-    all_dim, factor = params.get("mscale_all_dim"), params.get("factor") or 1.0
-    if not all_dim or factor <= 1:
-        return 1.0
-    return (0.1 * all_dim * math.log(factor) + 1.0) ** 2
 
 
 class GeluMLP(nn.Module):
@@ -280,14 +270,15 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x):
         weights, ids = self.route(x)  # [N, A] each
-        self.last_routed = torch.bincount(ids.reshape(-1), minlength=self.tokens_per_expert.numel())
-        self.tokens_per_expert += self.last_routed
         out = kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
                                 act=self.activation())
         return out + self.shared(x) if hasattr(self, "shared_expert") else out
 
     def route(self, x):
+        """(weights, expert ids) [N, A] of each token, counted into the load statistics."""
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize, self.routing, self.groups)
+        self.last_routed = torch.bincount(ids.reshape(-1), minlength=self.tokens_per_expert.numel())
+        self.tokens_per_expert += self.last_routed
         return (weights * self.routed_scale if self.routed_scale != 1.0 else weights), ids
 
     def shared(self, x):

@@ -30,6 +30,13 @@ def rope_frequencies(cfg) -> tuple[torch.Tensor, float] | None:
     return inv_freq, _attention_factor(params, factor)
 
 
+def logit_scale(cfg) -> float:
+    """DeepSeek's YaRN also scales the attention logits, by mscale(factor, mscale_all_dim)^2."""
+    params = cfg.rope_scaling or {}
+    all_dim = params.get("mscale_all_dim")
+    return _mscale(params.get("factor") or 1.0, all_dim) ** 2 if all_dim else 1.0
+
+
 def _attention_factor(params: dict, factor: float) -> float:
     if params.get("attention_factor") is not None:
         return float(params["attention_factor"])
