@@ -42,38 +42,26 @@ class ServeCommand:
 SERVE = ServeCommand()
 
 
-def _serve_expert_parallel(settings, statistics) -> int:
+def _serve_expert_parallel(settings, statistics) -> None:
     """Rank 0 serves; the other ranks follow its steps. When the group fails, the server stops
     itself (as on Ctrl-C) and exits 1 with the reason."""
     import logging
     import os
     import signal
-    import sys
 
     from server.main import serve
     from specdec import Engine, default_model_dir, expert_parallel
-
-    channel, model = expert_parallel.start(settings.target or default_model_dir() / "target", statistics)
-    if channel.rank != 0:
-        return expert_parallel.run_follower(model, channel)
 
     def stop_server(reason: str) -> None:
         logging.getLogger("specdec.serve").error("stopping: %s", reason)
         os.kill(os.getpid(), signal.SIGINT)
 
-    channel.on_failure = stop_server
-    failed = False
-    try:
-        engine = Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo, target_model=model)
-        serve(settings, engine)
-    except Exception as err:  # the process ends below, without a traceback of its own
-        print(f"specdec: error: {err}", file=sys.stderr)
-        failed = True
-    finally:
-        channel.close()
-        if channel.broken:
-            print(f"specdec: error: {channel.broken}", file=sys.stderr)
-        expert_parallel.leave(1 if channel.broken or failed else 0)
+    def lead(model, channel) -> int:
+        channel.on_failure = stop_server
+        serve(settings, Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo, target_model=model))
+        return 0
+
+    expert_parallel.run(settings.target or default_model_dir() / "target", statistics, lead)
 
 
 @dataclass(frozen=True)

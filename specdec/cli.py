@@ -132,23 +132,12 @@ def _complete(args) -> int:
         from prefixcache import Index
 
         index = Index.build(args.repo)
-    channel, target_model = None, None
-    if args.expert_parallel:
-        from specdec import expert_parallel
+    if not args.expert_parallel:
+        return _complete_with(args, prefix, suffix, index, None)
+    from specdec import expert_parallel
 
-        channel, target_model = expert_parallel.start(args.target or default_model_dir() / "target", args.expert_stats)
-        if channel.rank != 0:
-            return expert_parallel.run_follower(target_model, channel)
-    if channel is None:
-        return _complete_with(args, prefix, suffix, index, target_model)
-    code = 1
-    try:
-        code = _complete_with(args, prefix, suffix, index, target_model)
-    except (ValueError, OSError, ExpertParallelError) as err:
-        print(f"specdec: error: {err}", file=sys.stderr)
-    finally:
-        channel.close()
-        expert_parallel.leave(code)
+    expert_parallel.run(args.target or default_model_dir() / "target", args.expert_stats,
+                        lambda model, _channel: _complete_with(args, prefix, suffix, index, model))
 
 
 def _complete_with(args, prefix: str, suffix: str, index, target_model) -> int:

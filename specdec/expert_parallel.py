@@ -280,6 +280,28 @@ def start(target_dir, statistics=None, timeout_s: float | None = None) -> tuple[
     return channel, model
 
 
+def run(target_dir, statistics, leader) -> None:
+    """Every rank's whole life under torchrun: rank 0 calls leader(model, channel) -> exit code
+    (serving or completing), the others follow it. The process ends here, with the leader's code,
+    or 1 (the reason printed) when it raised or the group failed."""
+    import sys
+
+    channel, model = start(target_dir, statistics)
+    if channel.rank != 0:
+        run_follower(model, channel)
+    code, said = 1, None
+    try:
+        code = leader(model, channel)
+    except Exception as err:  # the process ends below, without a traceback of its own
+        said = str(err)
+        print(f"specdec: error: {said}", file=sys.stderr)
+    finally:
+        channel.close()
+        if channel.broken and channel.broken != said:
+            print(f"specdec: error: {channel.broken}", file=sys.stderr)
+        leave(1 if channel.broken or said is not None else code)
+
+
 def run_follower(model: Transformer, channel: Channel) -> int:
     """A follower's whole life: replay until stopped (0) or until the group fails (1, said why).
 
