@@ -147,13 +147,9 @@ def _compare(args) -> int:
 
 
 def _model_label(model) -> str | None:
-    """"embedded/<name>" for the shipped defaults, else the directory given (no machine paths in reports)."""
-    if model is None:
-        return None
-    from specdec import default_model_dir
+    from specdec import model_label
 
-    path = Path(model.path).resolve()
-    return f"embedded/{path.name}" if path.parent == default_model_dir().resolve() else str(model.path)
+    return None if model is None else model_label(model.path)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ What the server, the evaluation and users may rely on is exported here; see docs
 """
 
 from specdec.config import ConfigError, ModelConfig
-from specdec.engine import Engine, EngineMetrics, default_model_dir
+from specdec.engine import Engine, EngineMetrics, default_model_dir, model_label
 from specdec.generation import IllegalTransition, Result, State
 from specdec.handle import CompletionHandle
 from specdec.loader import CheckpointError, load_model
@@ -15,7 +15,7 @@ from specdec.stats import Stats
 
 CompletionRequest = CompletionOptions  # the name before the options were one validated carrier
 
-__all__ = ["load_model", "Engine", "EngineMetrics", "default_model_dir", "ModelConfig", "Transformer", "Segment",
+__all__ = ["load_model", "Engine", "EngineMetrics", "default_model_dir", "model_label", "ModelConfig", "Transformer", "Segment",
            "ConfigError", "CheckpointError", "CompletionOptions", "CompletionRequest", "OptionsError",
            "CompletionHandle", "Result", "Stats", "State", "IllegalTransition", "FinishedRecord", "STRATEGIES",
            "MODES", "QueueFull"]

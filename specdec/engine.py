@@ -39,6 +39,13 @@ def default_model_dir() -> Path:
     return Path(__file__).resolve().parent / "default_models"
 
 
+def model_label(path) -> str:
+    """"embedded/<name>" for a shipped default, else the directory as given (reports and cards
+    carry no machine paths for the defaults)."""
+    resolved = Path(path).resolve()
+    return f"embedded/{resolved.name}" if resolved.parent == default_model_dir().resolve() else str(path)
+
+
 @dataclass(frozen=True)
 class EngineMetrics:
     """A snapshot of what the engine holds, for /metrics, /health and evaluators."""

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from specdec.adapted import CARD, read_card, target_fingerprint
+from specdec.engine import Engine, model_label
 from specdec.loader import load_model
 from specdec.training.corpus import SourceFile
 from specdec.training.evaluate import draft_agreement
@@ -113,7 +114,7 @@ def adapt(repo: Path, out: Path, target_dir: Path, draft_dir: Path, s: AdaptSett
     trained = _distil(student, maker, greedy, s, deadline=started + s.minutes * 60)
     minutes = (time.time() - started) / 60
     card = {"repository": repo.resolve().name, "kind": student.kind,
-            "target_fingerprint": target_fingerprint(target_dir), "base_draft": _label(draft_dir),
+            "target_fingerprint": target_fingerprint(target_dir), "base_draft": model_label(draft_dir),
             "files": {"adapt": len(adapt_files), "held_out": len(held_out)},
             "held_out_files": sorted(f.path.split("/", 1)[1] for f in held_out),
             "tokens": trained["tokens"], "steps": trained["steps"], "greedy_tokens": greedy["tokens"],
@@ -173,8 +174,6 @@ class _Student:
 def _greedy_rows(target, files: list[SourceFile], s: AdaptSettings, deadline: float) -> dict:
     """The target's own greedy completions at random cursors, each with the end of its prompt,
     as training rows of seq_len + 1 tokens."""
-    from specdec.engine import Engine
-
     engine = Engine(target, adaptive=False, warm_up=False)
     rng, stream, tokens = random.Random(s.seed), [], 0
     while time.time() < deadline:
@@ -255,10 +254,3 @@ def _write(student: _Student, card: dict, out: Path, target, held_out) -> None:
     shutil.rmtree(previous, ignore_errors=True)
     log.info("adapted %s written to %s: agreement %.3f -> %.3f on %d held-out files", student.kind, out,
              card["agreement_before"], card["agreement_after"], len(held_out))
-
-
-def _label(draft_dir: Path) -> str:
-    from specdec.engine import default_model_dir
-
-    path = Path(draft_dir).resolve()
-    return f"embedded/{path.name}" if path.parent == default_model_dir().resolve() else str(draft_dir)
