@@ -1,5 +1,6 @@
 """Tiny real models for engine and server tests: a trained BPE tokenizer with FIM tokens and random weights."""
 
+import socket
 import sysconfig
 from pathlib import Path
 
@@ -69,3 +70,10 @@ def code_prompts(count: int, seed: int = 0, before: int = 600, after: int = 200)
         out.append((f.name, text[max(0, cursor - before) : cursor], text[cursor : cursor + after]))
     return out
 
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,6 +1,5 @@
 """A real uvicorn server on a loopback port, serving tiny real models and a real index."""
 
-import socket
 import threading
 import time
 
@@ -11,6 +10,7 @@ from prefixcache import Index
 from server.main import create_app
 from server.settings import Settings
 from specdec import Engine, load_model
+from tests.helpers import free_port
 
 REPO_FILES = {
     "pkg/store.py": "import redis\n\nclass Store:\n    def get(self, key):\n        return self.redis_client.get(key)\n",
@@ -18,16 +18,10 @@ REPO_FILES = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LiveServer:
     def __init__(self, app, engine, settings):
         self.engine, self.settings = engine, settings
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,23 +12,22 @@ import torch
 
 from specdec import Engine, load_model
 from specdec.distributed import ExpertParallelError, placement, rank_loads, read_statistics
+from tests.helpers import free_port
 from tests.specdec.ep_worker import PROMPT
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _torchrun_command(*args) -> list[str]:
+    return [str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            *map(str, args)]
 
 
 def _torchrun(*args, timeout=120, env=None):
-    command = [str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-               *map(str, args)]
     environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=environment)
+    return subprocess.run(_torchrun_command(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=environment)
 
 
 def _worker_pid(launcher: int, rank: int) -> int:
@@ -113,7 +111,7 @@ def test_a_killed_rank_stops_the_group(tiny_models, tmp_path):
 def test_the_leader_names_a_dead_rank(tiny_models, tmp_path):
     """Started without torchrun's agent (which would stop the leader itself): the leader's own
     error, within the timeout, names the failure."""
-    port, procs = _free_port(), []
+    port, procs = free_port(), []
     for rank in (0, 1):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "SPECDEC_EP_TIMEOUT": "10"}
@@ -145,10 +143,9 @@ def test_serve_under_torchrun_answers_and_stops_cleanly(tiny_models, tmp_path):
 
     import httpx
 
-    port = _free_port()
-    command = [str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-               "-m", "specdec.cli", "serve", "--target", str(tiny_models[0]), "--draft", str(tiny_models[1]),
-               "--port", str(port), "--expert-parallel"]
+    port = free_port()
+    command = _torchrun_command("-m", "specdec.cli", "serve", "--target", tiny_models[0], "--draft", tiny_models[1],
+                                "--port", port, "--expert-parallel")
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log,
                             stderr=subprocess.STDOUT)
