@@ -220,8 +220,8 @@ class Generation:
         """Speculate, whatever the measured speeds say, while the text runs along an earlier
         suggestion of this document: then whole lines are accepted at once, which periodic
         exploration alone would find too late."""
-        return strategy == "hybrid" and self.engine.history.typing_along(self.options.document,
-                                                                         self.options.prefix + self.text)
+        return strategy == "hybrid" and self.engine.history.typing_along(self.options.document, self.options.prefix,
+                                                                         self.text)
 
     def _paths(self, strategy: str, acceptance) -> list[DraftPath]:
         engine, paths = self.engine, []

@@ -40,12 +40,13 @@ class SuggestionHistory:
             self._texts.move_to_end(document)
             texts.append(text_before_cursor[-CONTEXT_CHARS:] + completion)
 
-    def typing_along(self, document: str | None, text: str, length: int = MATCH_LENGTHS[0]) -> bool:
-        """Whether the text's tail lies inside a stored suggestion with more of it to come: the
-        user is typing along (or generation is running along) something already suggested."""
-        if len(text) < length:
+    def typing_along(self, document: str | None, text: str, generated: str = "", length: int = MATCH_LENGTHS[0]) -> bool:
+        """Whether the tail of text + generated lies inside a stored suggestion with more of it to
+        come: the user is typing along (or generation is running along) something already suggested.
+        (Only the tail is joined: this runs at every step the policy would decode plainly.)"""
+        tail = (text[-length:] + generated)[-length:]
+        if len(tail) < length:
             return False
-        tail = text[-length:]
         with self._lock:
             stored = list(self._texts.get(document, ()))
         return any(0 <= s.rfind(tail) < len(s) - length - MIN_CONTINUATION for s in stored)

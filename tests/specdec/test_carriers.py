@@ -158,6 +158,7 @@ def test_history_knows_when_the_text_runs_along_a_suggestion():
     history.record("doc", prefix, "return math.pi * radius * radius\n")
     typed = prefix + "return math.pi * ra"
     assert history.typing_along("doc", typed, length=12)
+    assert history.typing_along("doc", prefix + "return math", ".pi * ra", length=12)  # the tail spans both
     assert not history.typing_along("doc", prefix + "print('something else entirely')", length=12)
     assert not history.typing_along("other", typed, length=12)
     assert not history.typing_along("doc", prefix + "return math.pi * radius * radius\n", length=12)  # nothing left
