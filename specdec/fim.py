@@ -51,11 +51,10 @@ class PromptBuilder:
         except FimFormatError as err:
             raise PromptError(str(err)) from None
         self.max_tokens = max_tokens
-        self.special = {t: tokenizer.token_to_id(t) for t in self.format.tokens()}
-        missing = [t for t in (self.format.eot[0],) if self.special.get(t) is None]
-        if missing:
-            raise PromptError(f"tokenizer lacks the special tokens {missing}")
-        self.special = {t: i for t, i in self.special.items() if i is not None}
+        ids = {t: tokenizer.token_to_id(t) for t in self.format.tokens()}
+        self.special = {t: i for t, i in ids.items() if i is not None}  # the format's optional ones may be absent
+        if self.format.eot[0] not in self.special:
+            raise PromptError(f"tokenizer lacks the special tokens {[self.format.eot[0]]}")
         self.vocab_text = [tokenizer.decode([i], skip_special_tokens=False) for i in range(tokenizer.get_vocab_size())]
         self.stop_ids = set(self.special.values())  # every special token of the format ends a completion
         # Token texts in sorted order: the tokens that start with a text form one range of it.
