@@ -33,7 +33,7 @@ from specdec.loader import load_model
 from specdec.training.corpus import SourceFile
 from specdec.training.evaluate import draft_agreement
 from specdec.training.samples import SampleMaker
-from specdec.training.train import TrainSettings, batch_loss, build_model
+from specdec.training.train import TrainSettings, batch_loss, build_model, new_optimizer, optimizer_step
 
 log = logging.getLogger("specdec.adapt")
 
@@ -198,7 +198,7 @@ def _distil(student: _Student, maker: SampleMaker, greedy: dict, s: AdaptSetting
 
     model = student.model
     trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    optimizer = new_optimizer(trained, s.lr)
     torch.manual_seed(s.seed)
     start, step, interrupted = time.time(), 0, False
     budget = max(1.0, deadline - start)
@@ -208,11 +208,7 @@ def _distil(student: _Student, maker: SampleMaker, greedy: dict, s: AdaptSetting
         while time.time() < deadline:
             for group in optimizer.param_groups:
                 group["lr"] = s.lr * _schedule((time.time() - start) / budget)
-            total, loss = student.loss(model, _batch(maker, greedy["rows"], step, s))
-            optimizer.zero_grad(set_to_none=True)
-            total.backward()
-            torch.nn.utils.clip_grad_norm_(trained, 1.0)
-            optimizer.step()
+            loss = optimizer_step(model, optimizer, trained, student.loss, _batch(maker, greedy["rows"], step, s))
             step += 1
             bar.set_postfix(loss=f"{loss.item():.3f}", step=step)
             bar.update(min(round(time.time() - start), bar.total) - bar.n)

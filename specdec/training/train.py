@@ -95,8 +95,7 @@ def train(model, batch_at: Callable[[int], list], s: TrainSettings, run_dir: Pat
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(s.seed)
     trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                                  fused=s.device.startswith("cuda"))
+    optimizer = new_optimizer(trained, s.lr, s.device)
     step, elapsed = _resume(run_dir, model, optimizer)
     loss_fn = loss_fn or (lambda m, batch: batch_loss(m, batch, s, teacher))
     if s.device.startswith("cuda"):
@@ -112,11 +111,7 @@ def train(model, batch_at: Callable[[int], list], s: TrainSettings, run_dir: Pat
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, s)
         started = time.time()
-        total, loss = loss_fn(model, batch_at(step))
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(trained, 1.0)
-        optimizer.step()
+        loss = optimizer_step(model, optimizer, trained, loss_fn, batch_at(step))
         step += 1
         elapsed += time.time() - started
         if step % 20 == 0 or step == s.total_steps:
@@ -129,6 +124,21 @@ def train(model, batch_at: Callable[[int], list], s: TrainSettings, run_dir: Pat
     save_checkpoint(run_dir, model, optimizer, step, elapsed, tokens_per_step)
     model.eval()
     return step >= s.total_steps
+
+
+def new_optimizer(trained, lr: float, device: str = "cpu"):
+    """The recipe's AdamW (betas 0.9/0.95, weight decay 0.1; fused on CUDA)."""
+    return torch.optim.AdamW(trained, lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=device.startswith("cuda"))
+
+
+def optimizer_step(model, optimizer, trained, loss_fn, batch):
+    """One update on a batch, gradients clipped at norm 1; returns the logged loss."""
+    total, loss = loss_fn(model, batch)
+    optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    torch.nn.utils.clip_grad_norm_(trained, 1.0)
+    optimizer.step()
+    return loss
 
 
 def save_checkpoint(run_dir: Path, model, optimizer, step: int, elapsed: float, tokens_per_step: int) -> None:
