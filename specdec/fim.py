@@ -21,6 +21,7 @@ from specdec.fim_formats import FimFormat, FimFormatError, detect, order
 
 MAX_CONTEXT_TOKENS = 1536  # of the model's 2048 positions, leaving room to generate
 CHARS_PER_TOKEN_MAX = 6  # code averages 3.7 characters per token with the default tokenizer
+LINE_ALLOWANCE = 96  # tokens of a cut prefix's budget kept for the line being typed
 MAX_HEALED_TOKENS = 4  # a word being typed rarely spans more tokens than this
 ANCHOR_EVERY = 8  # about one line in this many is a place where a too-long prefix may be cut
 
@@ -72,13 +73,18 @@ class PromptBuilder:
         suffix_ids = self.encode(suffix)
         budget = self.max_tokens - 4 - min(reserve, self.max_tokens // 2)
         keep_suffix = min(len(suffix_ids), budget // 4)
-        prefix_ids, truncated = self._prefix_within(prefix, budget - keep_suffix, len(suffix_ids))
+        prefix_ids, truncated, sized_by = self._prefix_within(prefix, budget - keep_suffix, budget - len(suffix_ids))
         if truncated:
             suffix_ids = suffix_ids[:keep_suffix]
         healed, allowed = "", None
         if heal and prefix_ids:
             prefix_ids, healed, allowed = self._heal(prefix_ids)
-        context = self._context(extra, self.max_tokens - 4 - len(prefix_ids) - len(suffix_ids))
+        room = self.max_tokens - 4 - len(prefix_ids) - len(suffix_ids)
+        # The context's room is sized as the cut is, from the lines above the cursor's, in steps
+        # of 128 tokens: the room left by the prefix's own tokens would shrink keystroke by
+        # keystroke and drop a chunk at the prompt's front, which is a prefill of the whole prompt.
+        steady = self.max_tokens - 4 - len(suffix_ids) - -(-sized_by // 128) * 128
+        context = self._context(extra, min(room, max(reserve, steady)))
         truncated |= context[1]
         return Prompt(context[0] + self._ordered(prefix_ids, suffix_ids), healed, allowed, truncated, context[2],
                       len(context[0]))
@@ -91,35 +97,43 @@ class PromptBuilder:
             return [sp[fmt.suffix], *suffix_ids, sp[fmt.prefix], *prefix_ids]
         return [sp[fmt.prefix], sp[fmt.suffix], *suffix_ids, sp[fmt.middle], *prefix_ids]
 
-    def _prefix_within(self, prefix: str, keep: int, suffix_len: int) -> tuple[list[int], bool]:
-        """The prefix's tokens, cut at the front when prefix and suffix do not fit the budget.
+    def _prefix_within(self, prefix: str, keep: int, fits: int) -> tuple[list[int], bool, int]:
+        """(tokens, truncated, tokens the cut was sized by) of the prefix, cut at the front when
+        it does not fit `fits` tokens; a cut prefix keeps at most `keep` tokens.
 
         The cut is made at an anchor line (chosen by a hash of the line's text), never at a
         fixed token count from the cursor: a window that slid by one token per keystroke would
         change every prompt token after the cut, and the prompt cache would prefill the whole
         prefix again on each keystroke. An anchor stays put while the user types, and so does a
         client's window that drops whole lines at its front (llama.vim's 256 lines).
+
+        The cut is sized by the complete lines before the cursor's line, with LINE_ALLOWANCE
+        tokens left for the line being typed: the token count of that line goes up and down as
+        its last word merges and splits (`retu` is two tokens, `return` one), and a cut sized by
+        it would swing between two anchors on alternate keystrokes, each swing a prefill of the
+        whole prefix. Sized so, the cut moves only when a line is added above the cursor.
         """
-        fits = self.max_tokens - 4 - suffix_len
-        # Tokenize only a tail that surely holds the tokens kept (tokenizing llama.vim's 256
-        # lines whole costs milliseconds per keystroke); all of it if the tail falls short.
-        window = _line_start_at_or_after(prefix, len(prefix) - CHARS_PER_TOKEN_MAX * max(keep, fits))
-        encoding = self._encoding(prefix[window:])
-        if window > 0 and len(encoding.ids) < max(keep, fits):
-            window, encoding = 0, self._encoding(prefix)
-        ids = encoding.ids
-        if window == 0 and len(ids) <= fits:
-            return ids, False
-        if len(ids) <= keep:  # only the suffix is cut
-            return ids, True
-        earliest = encoding.offsets[len(ids) - keep][0]
-        cut = _anchor_at_or_after(prefix[window:], earliest)
-        if cut is None:  # no line start in reach (one huge line): a plain token cut
-            return ids[len(ids) - keep :], True
-        # Tokens from the anchor line's newline on: pre-tokenization splits there, so they are
-        # what tokenizing the text from that point alone gives, whatever lies before it.
-        first = bisect.bisect_left(encoding.offsets, (max(cut - 1, 0), -1))
-        return ids[max(first, len(ids) - keep) :], True
+        window = _line_start_at_or_after(prefix, len(prefix) - CHARS_PER_TOKEN_MAX * (max(keep, fits) + LINE_ALLOWANCE))
+        text = prefix[window:]
+        encoding = self._encoding(text)
+        if window > 0 and len(encoding.ids) < max(keep, fits) + LINE_ALLOWANCE:
+            window, text, encoding = 0, prefix, self._encoding(prefix)
+        ids, offsets = encoding.ids, encoding.offsets
+        above = bisect.bisect_left(offsets, (text.rfind("\n"), -1))  # tokens of the lines before the cursor's
+        if window == 0 and above + LINE_ALLOWANCE <= fits and len(ids) <= fits:
+            return ids, False, above + LINE_ALLOWANCE
+        target = max(0, min(keep - LINE_ALLOWANCE, above))
+        cut = _anchor_at_or_after(text, offsets[above - target][0] if target else len(text))
+        while cut is not None:
+            # Tokens from the anchor line's newline on: pre-tokenization splits there, so they
+            # are what tokenizing the text from that point alone gives, whatever lies before it.
+            first = bisect.bisect_left(offsets, (max(cut - 1, 0), -1))
+            if len(ids) - first <= keep:  # fails only for a line being typed past its allowance
+                return ids[first:], True, max(above - first, 0) + LINE_ALLOWANCE
+            later = _anchor_at_or_after(text, _line_start_at_or_after(text, cut + 1))
+            cut = later if later is not None and later > cut else None
+        # No line start in reach (one huge line): a plain token cut.
+        return ids[max(0, len(ids) - keep) :], True, keep
 
     def _encoding(self, text: str):
         return self.tokenizer.encode(text, add_special_tokens=False)

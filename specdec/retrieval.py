@@ -1,23 +1,27 @@
 """Repository context for a prompt: the index's retrieved chunks, kept stable while the cursor
-stays on one line.
+stays near the line they were chosen for.
 
-A prompt whose context changed at every keystroke would be prefilled again from its first token;
-so the chunks chosen for a document are reused while the text before the cursor's line, the text
-after the cursor and the other files of the repository stay as they were, and retrieved again when
-the cursor moves to another line or the repository changes under it.
+The chunks sit at the front of the prompt, so a prompt whose context changed would be prefilled
+again from its first token. The chunks chosen for a document are therefore reused while the
+text above the cursor still holds the lines they were chosen under and the cursor has moved at
+most REFRESH_LINES lines down from there (typing on, line after line), and while the repository's
+other files stay as they were. They are retrieved again when the cursor moves up, jumps, goes
+further down, or the repository changes under it. Retrieving at every new line would change
+the context at about one line in four, each change a prefill of the whole prompt.
 """
 
 import threading
 import time
-import zlib
 from collections import OrderedDict
 
 CONTEXT_RESERVE_TOKENS = 512  # of the prompt kept for retrieved chunks however long the file is
 CHARS_PER_TOKEN = 3.5  # code, with the default tokenizer: turns the token budget into characters
+REFRESH_LINES = 12  # new lines above the cursor after which the context is chosen again
+ANCHOR_CHARS = 400  # text before the line a context was chosen at, looked for in later prefixes
 
 
 class StableContext:
-    """(document, line key) -> retrieved chunks, an LRU of the latest documents."""
+    """document -> (repository generation, anchor text, retrieved chunks), an LRU of the latest documents."""
 
     def __init__(self, max_documents: int = 256):
         self._chosen: OrderedDict = OrderedDict()  # document -> (key, chunks)
@@ -28,22 +32,36 @@ class StableContext:
         """((filename, text) chunks, retrieval ms) for the request's cursor; ms is 0 when reused."""
         line_start = options.prefix.rfind("\n") + 1
         path = index.relative(options.path) if options.path else None
-        key = (zlib.crc32(options.prefix[:line_start].encode("utf-8", "surrogatepass")),
-               zlib.crc32(options.suffix.encode("utf-8", "surrogatepass")), index.retriever.generation(path))
+        generation = index.retriever.generation(path)
         document = options.document if options.document is not None else path
         with self._lock:
             held = self._chosen.get(document)
-            if held is not None and held[0] == key:
+            if held is not None and _still_near(held, options.prefix[:line_start], generation):
                 self._chosen.move_to_end(document)
-                return held[1], 0.0
+                return held[2], 0.0
         started = time.perf_counter()
         found = index.retrieve(options.prefix[:line_start], options.suffix, path=path,
                                budget_chars=int(CONTEXT_RESERVE_TOKENS * CHARS_PER_TOKEN))
         chunks = tuple((c.path, c.text) for c in found)
         millis = (time.perf_counter() - started) * 1000
+        above = options.prefix[:line_start]
         with self._lock:
-            self._chosen[document] = (key, chunks)
+            self._chosen[document] = (generation, above[-ANCHOR_CHARS:], chunks)
             self._chosen.move_to_end(document)
             while len(self._chosen) > self.max_documents:
                 self._chosen.popitem(last=False)
         return chunks, millis
+
+
+def _still_near(held: tuple, above: str, generation: int) -> bool:
+    """Whether a context chosen under held's anchor text serves a cursor below `above`: the same
+    repository, the anchor still above the cursor, and at most REFRESH_LINES lines typed since.
+    The anchor is the text just before the chosen line, so a client window that drops lines at
+    its front (llama.vim's 256 lines) keeps it, and an edit above the cursor loses it."""
+    held_generation, anchor, _ = held
+    if held_generation != generation:
+        return False
+    if not anchor:
+        return not above
+    at = above.rfind(anchor, max(0, len(above) - len(anchor) - 200 * REFRESH_LINES))
+    return at >= 0 and above.count("\n", at + len(anchor)) <= REFRESH_LINES

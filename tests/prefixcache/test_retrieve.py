@@ -5,6 +5,7 @@ import pytest
 
 from prefixcache import Index
 from specdec import Engine, load_model
+from specdec.retrieval import REFRESH_LINES
 
 STORE = '''import redis
 
@@ -74,7 +75,7 @@ def test_recent_edits_of_other_files_are_offered(repo):
     assert any(c.kind == "recent" and "delete_item" in c.text for c in chunks)
 
 
-def test_context_stays_the_same_across_keystrokes_on_one_line(repo, tiny_models):
+def test_context_stays_the_same_while_typing_on_near_the_line_it_was_chosen_for(repo, tiny_models):
     index = Index.build(repo, workers=1)
     engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), index)
     line = "    value = store.get_item("
@@ -84,8 +85,13 @@ def test_context_stays_the_same_across_keystrokes_on_one_line(repo, tiny_models)
     assert all(r.stats.context_tokens == results[0].stats.context_tokens for r in results)
     assert all(r.stats.retrieval_ms == 0.0 for r in results[1:])  # chosen once for the line
     assert all(r.stats.prefill_tokens <= 8 for r in results[1:])  # the prompt cache stays warm
-    moved = engine.complete(APP + line + "\n    other = 1\n    ", "", max_tokens=4, path="pkg/app.py", document="app")
-    assert moved.stats.retrieval_ms > 0  # another line: retrieved again
+    typed_on = APP + line + "\n    other = 1\n    "
+    near = engine.complete(typed_on, "", max_tokens=4, path="pkg/app.py", document="app")
+    assert near.stats.retrieval_ms == 0.0  # two lines typed on: the same context, the cache warm
+    far = typed_on + "".join(f"x_{i} = {i}\n    " for i in range(REFRESH_LINES))
+    assert engine.complete(far, "", max_tokens=4, path="pkg/app.py", document="app").stats.retrieval_ms > 0
+    up = engine.complete(APP, "", max_tokens=4, path="pkg/app.py", document="app")
+    assert up.stats.retrieval_ms > 0  # the cursor went back up: chosen again
     off = engine.complete(APP + line, "\n", max_tokens=4, path="pkg/app.py", document="app", context="none")
     assert off.stats.context_chunks == 0
 

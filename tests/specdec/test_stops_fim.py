@@ -51,8 +51,9 @@ def test_prompt_orders_and_healing(tiny_models):
 
 
 def test_typing_past_the_budget_keeps_the_prompt_cache_valid(tiny_models):
-    """A prefix longer than the budget is cut at an anchor line, not a fixed token count: typing
-    one character at a time changes only the prompt's tail, except when the cut jumps ahead."""
+    """A prefix longer than the budget is cut at an anchor line sized by the lines above the
+    cursor's: typing one line character by character (its words merging and splitting into
+    tokens) changes only the prompt's tail, whatever budget the cut falls against."""
     from specdec import load_model
 
     builder = PromptBuilder(load_model(tiny_models[0]).tokenizer, "spm", max_tokens=256)
@@ -60,16 +61,31 @@ def test_typing_past_the_budget_keeps_the_prompt_cache_valid(tiny_models):
     text = "\n".join(lines) + "\n"
     typed_line = "    result = combine(value_1, value_2)\n"
     suffix = "\nreturn result\n"
-    previous, changed_early = None, 0
-    for n in range(1, len(typed_line) + 1):
-        prompt = builder.build(text + typed_line[:n], suffix)
-        assert prompt.truncated and len(prompt.ids) <= 256
-        if previous is not None:
-            common = next((i for i, (a, b) in enumerate(zip(previous, prompt.ids, strict=False)) if a != b),
-                          min(len(previous), len(prompt.ids)))
-            changed_early += min(len(previous), len(prompt.ids)) - common > 8
-        previous = prompt.ids
-    assert changed_early <= 2  # the anchor moved at most twice over 40 keystrokes
+    for budget in range(200, 264, 7):
+        builder.max_tokens = budget
+        previous, changed_early = None, 0
+        for n in range(1, len(typed_line)):
+            prompt = builder.build(text + typed_line[:n], suffix)
+            assert prompt.truncated and len(prompt.ids) <= budget
+            if previous is not None:
+                common = next((i for i, (a, b) in enumerate(zip(previous, prompt.ids, strict=False)) if a != b),
+                              min(len(previous), len(prompt.ids)))
+                changed_early += min(len(previous), len(prompt.ids)) - common > 8
+            previous = prompt.ids
+        assert changed_early == 0, budget
+
+
+def test_context_chunks_stay_while_a_short_prefix_grows(tiny_models):
+    """The context takes the room the prefix leaves, sized in steps: typing into a short file
+    must not drop a chunk at the prompt's front keystroke by keystroke."""
+    from specdec import load_model
+
+    builder = PromptBuilder(load_model(tiny_models[0]).tokenizer, "spm", max_tokens=512)
+    extra = [(f"mod_{i}.py", f"def helper_{i}(x):\n    return x * {i} + offset_{i}\n" * 3) for i in range(12)]
+    text = "\n".join(f"value_{i} = compute({i})" for i in range(20)) + "\n"
+    typed_line = "result = combine(" + ", ".join(f"value_{i}" for i in range(12)) + ")"
+    counts = {builder.build(text + typed_line[:n], "\n", extra).context_chunks for n in range(1, len(typed_line))}
+    assert len(counts) == 1 and counts.pop() > 0
 
 
 def test_window_sliding_by_whole_lines_keeps_the_cut(tiny_models):
