@@ -24,10 +24,20 @@ import httpx
 
 
 def rss_mb(pid: int) -> float:
+    return _status_field(pid, "VmRSS") / 1024
+
+
+def _status_field(pid: int, name: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+        if line.startswith(name + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def process_sample(pid: int) -> dict:
+    """RSS, threads and open file descriptors of the server: flat over a soak, or something leaks."""
+    return {"rss_mb": round(rss_mb(pid), 1), "threads": _status_field(pid, "Threads"),
+            "fds": len(list(Path(f"/proc/{pid}/fd").iterdir()))}
 
 
 def body(text: str, cursor: int, path: str) -> dict:
@@ -41,7 +51,7 @@ def body(text: str, cursor: int, path: str) -> dict:
             "stream": False, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
             "t_max_prompt_ms": 500, "t_max_predict_ms": 250, "path": path,
             "response_fields": ["content", "timings/predicted_n", "timings/prompt_n", "tokens_cached",
-                                "speculation/stop_reason"]}
+                                "speculation/stop_reason", "speculation/tokens_cap"]}
 
 
 async def session(client, url, files, deadline, interval, rng, stats, behaviour: str = "cancel"):
@@ -105,7 +115,6 @@ class Typist:
         started = time.perf_counter()
         if self.behaviour == "cancel":
             self.keystroke(payload)
-            await asyncio.gather(self.in_flight, return_exceptions=True)
         else:
             if self.in_flight is not None and not self.in_flight.done():
                 self.latest = None  # the stale request runs on; this text goes after it
@@ -113,8 +122,13 @@ class Typist:
                 if self.behaviour == "vim":
                     await asyncio.sleep(0.1)
             self.in_flight = asyncio.create_task(request(self.client, self.url, payload, self.stats))
-            await asyncio.gather(self.in_flight, return_exceptions=True)
+        answer = (await asyncio.gather(self.in_flight, return_exceptions=True))[0]
         self.stats["pause_wait"].append((time.perf_counter() - started) * 1000)
+        # What the user got at the pause: a short wait for an empty answer is no suggestion.
+        answer = answer if isinstance(answer, dict) else {}
+        self.stats["pause_tokens"].append(answer.get("timings/predicted_n", 0))
+        self.stats["pause_reasons"][answer.get("speculation/stop_reason", "none")] = \
+            self.stats["pause_reasons"].get(answer.get("speculation/stop_reason", "none"), 0) + 1
 
     async def drain(self) -> None:
         if self.in_flight is not None:
@@ -136,11 +150,11 @@ async def probe_health(url: str, deadline: float) -> list:
     return times
 
 
-async def sample_rss(pid: int, deadline: float, every: float) -> list:
-    """The server's RSS every `every` seconds during the load: flat once the prompt cache is full."""
+async def sample_process(pid: int, deadline: float, every: float) -> list:
+    """The server's RSS, threads and descriptors every `every` seconds during the load."""
     series = []
     while time.monotonic() < deadline:
-        series.append(round(rss_mb(pid), 1))
+        series.append(process_sample(pid))
         await asyncio.sleep(every)
     return series
 
@@ -155,14 +169,21 @@ async def request(client, url, payload, stats):
         stats["errors"] += 1
         return
     stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
-    if r.status_code == 200:
-        answer = r.json()
-        if answer.get("speculation/stop_reason") in ("superseded", "cancelled"):
-            stats["superseded"] += 1
-            return
-        stats["latency"].append((time.perf_counter() - start) * 1000)
-        stats["prefilled"].append(answer.get("timings/prompt_n", 0))
-        stats["cached"].append(answer.get("tokens_cached", 0))
+    if r.status_code != 200:
+        return None
+    answer = r.json()
+    reason = answer.get("speculation/stop_reason")
+    if reason in ("superseded", "cancelled"):
+        stats["superseded"] += 1
+        return answer
+    if reason == "busy":
+        stats["busy"] += 1
+        return answer
+    stats["latency"].append((time.perf_counter() - start) * 1000)
+    stats["prefilled"].append(answer.get("timings/prompt_n", 0))
+    stats["cached"].append(answer.get("tokens_cached", 0))
+    stats["capped"] += bool(answer.get("speculation/tokens_cap"))
+    return answer
 
 
 def start_server(repo: Path, port: int, log_path: Path):
@@ -196,10 +217,11 @@ async def run(args) -> dict:
                 await client.post(f"{url}/infill", json=body(files[0][1], 500, files[0][0]), timeout=60)
             rss_before = rss_mb(proc.pid)
             stats = {"latency": [], "pause_wait": [], "status": {}, "errors": 0, "abandoned": 0, "superseded": 0,
-                     "paused": 0, "prefilled": [], "cached": [], "health_ms": []}
+                     "paused": 0, "prefilled": [], "cached": [], "health_ms": [], "busy": 0, "capped": 0,
+                     "pause_tokens": [], "pause_reasons": {}}
             deadline = time.monotonic() + args.seconds
             health = asyncio.create_task(probe_health(url, deadline))
-            rss_series = asyncio.create_task(sample_rss(proc.pid, deadline, 5.0))
+            samples = asyncio.create_task(sample_process(proc.pid, deadline, args.sample_every))
             # Each session edits its own files: two sessions typing in one file would supersede each other.
             await asyncio.gather(*(session(client, url, files[i :: args.sessions] or files, deadline, args.interval,
                                            random.Random(rng.random()), stats, args.client)
@@ -207,7 +229,9 @@ async def run(args) -> dict:
             stats["health_ms"] = await health
             await asyncio.sleep(1.0)
             rss_after = rss_mb(proc.pid)
-            rss_series = await rss_series
+            samples = await samples
+            after = process_sample(proc.pid)
+            queue_after = httpx.get(f"{url}/health", timeout=10).json().get("queue_depth")
         # A fresh client: cancelled requests can leave the load client's pool unusable.
         try:
             metrics = httpx.get(f"{url}/metrics", timeout=30).text
@@ -222,12 +246,16 @@ async def run(args) -> dict:
                                   "count": len(waits)},
                 "completions_per_s": round(len(lat) / args.seconds, 2),
                 "health_ms_max": max(stats["health_ms"], default=None),
-                "completed": len(lat), "abandoned": stats["abandoned"],
+                "completed": len(lat), "abandoned": stats["abandoned"], "busy_answers": stats["busy"],
+                "capped_answers": stats["capped"],
+                "pause_answers": {"empty": sum(n == 0 for n in stats["pause_tokens"]),
+                                  "tokens_p50": median(stats["pause_tokens"]), "stop_reasons": stats["pause_reasons"]},
                 "superseded_answers": stats["superseded"], "pauses": stats["paused"],
                 "status": stats["status"], "client_errors": stats["errors"],
                 "server_5xx": sum(n for s, n in stats["status"].items() if s >= 500),
                 "latency_ms_p50": pick(0.5), "latency_ms_p95": pick(0.95), "rss_mb_before": rss_before,
-                "rss_mb_after": rss_after, "rss_mb_every_5s": rss_series,
+                "rss_mb_after": rss_after, "process_every_sample": samples, "process_after": after,
+                "queue_depth_after": queue_after,
                 "prompt_cache_mb_after": float(gauge("specdec_prompt_cache_bytes") or 0) / 2**20,
                 # The prompt cache is bounded (LRU); the rest of the process must stay flat.
                 "rss_mb_after_minus_prompt_cache": rss_after - float(gauge("specdec_prompt_cache_bytes") or 0) / 2**20, "tau": gauge("specdec_tau"),
@@ -251,10 +279,11 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--client", choices=("vim", "vscode", "cancel"), default="cancel",
                    help="how the editor treats a request in flight (see session())")
+    p.add_argument("--sample-every", type=float, default=5.0, help="seconds between RSS/threads/fds samples")
     p.add_argument("--json", type=Path)
     p.add_argument("--server-log", type=Path, default=Path("load_server.log"), help="the server's stdout and stderr")
     args = p.parse_args()
-    args.sessions, args.seconds = min(args.sessions, 64), min(args.seconds, 600)
+    args.sessions, args.seconds = min(args.sessions, 64), min(args.seconds, 1800)
     report = asyncio.run(run(args))
     print(json.dumps(report, indent=2))
     if args.json:

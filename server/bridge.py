@@ -21,6 +21,11 @@ def document_key(client: str, options: CompletionOptions) -> str:
     return f"{client}:{hashlib.blake2b(head.encode(), digest_size=8).hexdigest()}"
 
 
+def slot_key(client: str, slot: int) -> str | None:
+    """llama.cpp's id_slot: a client's requests to one slot supersede each other (-1: no slot)."""
+    return f"{client}:slot:{slot}" if slot >= 0 else None
+
+
 async def _until_disconnect(request) -> None:
     """Returns when the client has gone (the body has been read, so nothing else can arrive)."""
     while (await request.receive())["type"] != "http.disconnect":

@@ -25,10 +25,10 @@ def request_bodies(settings: Settings) -> dict:
         "input_prefix": text, "input_suffix": suffix, "prompt": text,
         "input_extra": {"type": "array", "items": chunk, "maxItems": settings.max_extra_chunks},
         "n_predict": {"type": "integer", "minimum": -1, "maximum": settings.max_new_tokens},
-        "t_max_predict_ms": {"type": "number"}, "n_indent": {"type": "integer", "minimum": 0},
+        "t_max_predict_ms": {"type": "number"}, "t_max_prompt_ms": {"type": "number"}, "n_indent": {"type": "integer", "minimum": 0},
         "samplers": {"type": "array", "items": {"type": "string"}}, "cache_prompt": {"type": "boolean"},
         "path": {"type": "string"}, "response_fields": {"type": "array", "items": {"type": "string"}},
-        "id_slot": {"type": "integer"}, **sampling}}
+        "id_slot": {"type": "integer", "minimum": -1}, **sampling}}
     completions = {"type": "object", "properties": {
         "prompt": {"oneOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": 1}]},
         "suffix": suffix, "model": {"type": "string"}, "n": {"enum": [1]}, "seed": {"type": "integer"},

@@ -1,20 +1,21 @@
 """POST /infill: llama.cpp's fill-in-the-middle protocol, as llama.vim and llama.vscode speak it."""
 
 import json
+import math
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from server.bridge import document_key
+from server.bridge import document_key, slot_key
 from server.deps import BodyDep, StateDep
 from server.schemas import infill_request
 
 router = APIRouter()
-STOP_TYPES = {"eos": "eos", "newline": "eos", "dedent": "eos", "suffix": "eos", "repeat": "eos", "limit": "limit", "time": "limit",
+STOP_TYPES = {"eos": "eos", "newline": "eos", "dedent": "eos", "suffix": "eos", "repeat": "eos", "limit": "limit", "time": "limit", "busy": "limit",
               "word": "word"}
 SPECULATION_FIELDS = ("target_passes", "generated_tokens", "tau", "accepted_by_source", "prefill_tokens",
                       "cached_tokens", "prefill_ms", "decode_ms", "total_ms", "stop_reason", "context_chunks",
-                      "context_tokens", "retrieval_ms", "tree_nodes", "experts_woken")
+                      "context_tokens", "retrieval_ms", "tree_nodes", "experts_woken", "tokens_cap", "expected_wait_ms")
 
 
 @router.post("/infill")
@@ -23,16 +24,24 @@ async def infill(request: Request, state: StateDep, body: BodyDep):
     parsed = infill_request(body, state.settings)
     if await request.is_disconnected():  # abandoned while queued in the server: skip the prompt work
         return Response(status_code=499)
+    client = request.client.host if request.client else "-"
     options = parsed["options"]
-    options = options.with_changes(document=document_key(request.client.host if request.client else "-", options))
+    options = options.with_changes(document=document_key(client, options), slot=slot_key(client, parsed["slot"]))
     if parsed["stream"]:
-        return StreamingResponse(_stream(state, options, parsed["response_fields"]), media_type="text/event-stream")
+        handle = state.bridge.start(options)
+        return StreamingResponse(_stream(state, handle, options, parsed["response_fields"]),
+                                 media_type="text/event-stream", headers=_retry_after(handle.busy_wait_ms()))
     result = await state.bridge.run(options, request)
-    return JSONResponse(select_fields(infill_body(result, state, options), parsed["response_fields"]))
+    return JSONResponse(select_fields(infill_body(result, state, options), parsed["response_fields"]),
+                        headers=_retry_after(result.stats.expected_wait_ms if result.stats.stop_reason == "busy" else None))
 
 
-async def _stream(state, options, fields):
-    handle = state.bridge.start(options)
+def _retry_after(expected_wait_ms: float | None) -> dict:
+    """A request answered at once because the queue was longer than its budget says when to come back."""
+    return {} if expected_wait_ms is None else {"Retry-After": str(max(1, math.ceil(expected_wait_ms / 1000)))}
+
+
+async def _stream(state, handle, options, fields):
     sent = ""
     try:
         async for delta in handle.deltas():
@@ -73,7 +82,7 @@ def infill_body(result, state, options) -> dict:
             "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
             "predicted_per_second": 1000 * predicted_n / predicted_ms if predicted_ms else 0.0,
         },
-        "generation_settings": {"n_predict": options.max_tokens, "temperature": options.temperature,
+        "generation_settings": {"n_predict": s.tokens_cap or options.max_tokens, "temperature": options.temperature,
                                 "top_k": options.top_k, "top_p": options.top_p, "n_indent": options.n_indent or 0},
         "speculation": {k: s[k] for k in SPECULATION_FIELDS},
     }

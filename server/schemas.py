@@ -102,18 +102,24 @@ def infill_request(body: dict, settings: Settings) -> dict:
     t_max = _get(body, "t_max_predict_ms", (int, float), None, none_ok=True)
     if t_max is not None and t_max <= 0:
         t_max = None
+    t_wait = _get(body, "t_max_prompt_ms", (int, float), None, none_ok=True)
+    if t_wait is not None and t_wait <= 0:
+        t_wait = None
     fields = body.get("response_fields")
     if fields is not None and (not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)):
         raise ApiError(400, "'response_fields' must be a list of strings", "response_fields")
     options = _options(
         prefix=prefix, suffix=_text(body, "input_suffix", settings.max_suffix_chars), extra=extra,
         max_tokens=_tokens(body, "n_predict", 128, settings), n_indent=n_indent or None, stop=_stop_list(body),
-        time_budget_ms=t_max, time_budget_after_newline=True,
+        time_budget_ms=t_max, time_budget_after_newline=False, wait_budget_ms=t_wait,
         use_prompt_cache=_get(body, "cache_prompt", (bool,), True, none_ok=True),
         path=_get(body, "path", (str,), None, none_ok=True), context=_context(body), **_sampling(body, 0.0, True),
     )
     stream = _get(body, "stream", (bool,), False, none_ok=True)
-    return {"options": options, "stream": stream, "response_fields": fields}
+    slot = _get(body, "id_slot", (int,), -1, none_ok=True)
+    if slot < -1:
+        raise ApiError(400, "'id_slot' must be >= 0 (or -1 for any slot)", "id_slot")
+    return {"options": options, "stream": stream, "response_fields": fields, "slot": slot}
 
 
 def _context(body) -> str:

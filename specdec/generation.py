@@ -77,11 +77,13 @@ class Generation:
         self.uniforms = Uniforms(options.seed)
         self.rules = rules_for(options.prefix, options.suffix, options.mode, options.n_indent, options.stop)
         self.generated: list[int] = []
+        self.max_tokens = options.max_tokens  # the scheduler may cap it under load (cap_tokens)
         self.text, self.final_text = "", None
         self.speculating = False
         self.stats = Stats()
         self.started = time.perf_counter()
         self.decode_started: float | None = None
+        self.deadline: float | None = None  # a strict time budget's end, set when decoding begins
 
     # states -------------------------------------------------------------------------------
 
@@ -117,6 +119,30 @@ class Generation:
         self.stop = StopCut(self.stop.position, reason, matched)
         self.finished.set()
         self._notify(done=True)
+
+    def past_deadline(self, now: float | None = None) -> bool:
+        return self.deadline is not None and (now or time.perf_counter()) > self.deadline
+
+    @property
+    def wait_budget_ms(self) -> float | None:
+        """How long the client waits for prediction to start (its t_max_prompt_ms, else its strict
+        prediction budget); None: no bound, and a request generating nothing (llama.vim's cache
+        warming) has none."""
+        if self.options.max_tokens == 0:
+            return None
+        if self.options.wait_budget_ms is not None:
+            return self.options.wait_budget_ms
+        return None if self.options.time_budget_after_newline else self.options.time_budget_ms
+
+    def cap_tokens(self, cap: int) -> None:
+        """Generate at most `cap` tokens (the scheduler sheds work under load); the cap is reported."""
+        if cap < self.max_tokens:
+            self.max_tokens = self.stats.tokens_cap = cap
+
+    def reject_busy(self, expected_wait_ms: float) -> None:
+        """Answered at once, empty: the expected wait is longer than the request's budget."""
+        self.stats.expected_wait_ms = expected_wait_ms
+        self.finish("busy")
 
     def fail(self, error: Exception) -> None:
         self.error = error
@@ -189,8 +215,10 @@ class Generation:
             self.draft.sync(self.committed)
         self.stats.prefill_ms = (time.perf_counter() - self.started) * 1000
         self.decode_started = time.perf_counter()
+        if self.options.time_budget_ms is not None and not self.options.time_budget_after_newline:
+            self.deadline = self.decode_started + self.options.time_budget_ms / 1000
         self._enter(State.DECODING)
-        if self.options.max_tokens == 0:
+        if self.max_tokens == 0:
             self.finish("limit")
 
     # one step -----------------------------------------------------------------------------
@@ -296,16 +324,20 @@ class Generation:
             self.stop = cut
             self.finish(cut.reason, cut.matched)
             return True
-        if len(self.generated) >= self.options.max_tokens:
+        if len(self.generated) >= self.max_tokens:
             self.finish("limit")
             return True
         return False
 
     def _over_time(self) -> bool:
+        """A strict budget ends prediction at its deadline; llama.cpp's rule (after_newline)
+        ends it only once a newline has been generated."""
         budget = self.options.time_budget_ms
         if budget is None or self.decode_started is None:
             return False
-        if self.options.time_budget_after_newline and "\n" not in self.text:
+        if self.deadline is not None:
+            return self.past_deadline()
+        if "\n" not in self.text:
             return False
         return (time.perf_counter() - self.decode_started) * 1000 > budget
 

@@ -19,6 +19,11 @@ class CompletionHandle:
     def done(self) -> bool:
         return self._generation.finished.is_set()
 
+    def busy_wait_ms(self) -> float | None:
+        """The expected wait of a request answered at once as busy (Engine.submit), else None."""
+        g = self._generation
+        return g.stats.expected_wait_ms if g.is_finished and g.stop_reason == "busy" else None
+
     def cancel(self) -> None:
         """Stop generating at the next step boundary (the result keeps what was generated)."""
         self._generation.request_cancel("cancelled")

@@ -30,10 +30,15 @@ class CompletionOptions:
     seed: int = 0  # the uniforms of sampling: the same seed gives the same tokens
     n_indent: int | None = None  # llama.cpp's n_indent: a multi-line completion ends below this indentation
     stop: tuple = ()  # stop strings; the output ends before the first one found
+    # A strict time budget for prediction: the completion stops at it with what it has.
     time_budget_ms: float | None = None
-    time_budget_after_newline: bool = False  # llama.cpp: t_max_predict_ms only ends a completion after a newline
+    time_budget_after_newline: bool = False  # llama.cpp's rule instead: stop only after a newline
+    # How long the client waits for prediction to start (llama.cpp's t_max_prompt_ms); with a
+    # strict time budget it defaults to that. A request whose wait would be longer is answered at once, empty.
+    wait_budget_ms: float | None = None
     use_prompt_cache: bool = True
     document: str | None = None  # requests for the same document supersede each other
+    slot: str | None = None  # and so do requests for the same client slot (llama.cpp's id_slot)
     context: str = "auto"  # auto: retrieve repository context when an index is attached; none: only `extra`
 
     def __post_init__(self):
@@ -43,6 +48,9 @@ class CompletionOptions:
             raise OptionsError(f"mode {self.mode!r}: expected one of {', '.join(MODES)}")
         if self.context not in CONTEXTS:
             raise OptionsError(f"context {self.context!r}: expected one of {', '.join(CONTEXTS)}")
+        for name in ("time_budget_ms", "wait_budget_ms"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise OptionsError(f"{name} must be > 0")
         if self.max_tokens < 0:
             raise OptionsError("max_tokens must be >= 0")
         if self.temperature < 0:

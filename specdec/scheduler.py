@@ -43,6 +43,9 @@ class Scheduler:
     PREFILL_TOKENS_BUSY = 256  # prompt tokens per step while others decode
     PREFILL_TOKENS_IDLE = 2048  # and while nobody decodes: the whole prompt at once
     MAX_DECODING = 4  # requests decoded per step; the rest wait their turn
+    ADMIT_BUSY = 4  # requests begun per step while others decode (each begin tokenizes a prompt)
+    LOAD_TOKEN_CAP = 16  # generated tokens per request while requests wait for a decoding slot
+    QUIET_MS = 200  # a request its document has not superseded for this long is what a user waits for
 
     def __init__(self, engine, max_batch: int = 16, max_queue: int = 64):
         self.engine = engine
@@ -56,6 +59,8 @@ class Scheduler:
         self.running = False
         self.steps = 0
         self.recent: deque = deque(maxlen=256)  # FinishedRecords, oldest first
+        self._live_by_slot = {}
+        self.load = LoadEstimate()
 
     # submitting (any thread) --------------------------------------------------------------
 
@@ -67,15 +72,29 @@ class Scheduler:
                 self._drop_cancelled_waiting()
                 if len(self.waiting) >= self.max_queue:
                     raise QueueFull(f"{len(self.waiting)} requests already waiting")
-            document = generation.options.document
-            if document is not None:
-                older = self._live_by_document.get(document)
-                if older is not None:
-                    older.request_cancel("superseded")
-                self._live_by_document[document] = generation
+            for key, live in ((generation.options.document, self._live_by_document),
+                              (generation.options.slot, self._live_by_slot)):
+                if key is not None:
+                    older = live.get(key)
+                    if older is not None and older is not generation:
+                        older.request_cancel("superseded")
+                    live[key] = generation
             self._drop_cancelled_waiting()
+            budget, expected = generation.wait_budget_ms, self._expected_wait_ms()
+            if budget is not None and expected > budget:
+                generation.reject_busy(expected)  # its client would have moved on before it decoded
+                self._left(generation)
+                return
             self.waiting.append(generation)
             self.lock.notify()
+
+    def _expected_wait_ms(self) -> float:
+        """How long a request arriving now waits before its first decoding step (lock held): none
+        while a decoding slot is free, else what the latest requests waited (a moving average,
+        which counts what superseding and budgets spared them)."""
+        queued = (*self.waiting, *self.prefilling, *self.active)
+        live = sum(g.cancel_reason is None and not g.is_finished for g in queued)
+        return self.load.wait_ms if live >= self.MAX_DECODING else 0.0
 
     def _drop_cancelled_waiting(self) -> None:
         """Cancelled or superseded requests that never started leave the queue at once (lock held).
@@ -175,6 +194,7 @@ class Scheduler:
                 with self.lock:
                     self.prefilling.remove(g)
                     self.active.append(g)
+                self._decode_began(g)
         if trees:
             share = (time.perf_counter() - started) * 1000 / len(trees)
             proposing_ms = list(proposing_ms) or [0.0] * len(trees)
@@ -193,27 +213,40 @@ class Scheduler:
         return sorted(live, key=lambda g: g.started)[: self.MAX_DECODING]
 
     def _admit(self) -> None:
-        """Waiting requests begin (prompt built, prompt cache looked up; no forward) while there is room."""
+        """Waiting requests begin (prompt built, prompt cache looked up; no forward) while there
+        is room, oldest first; while others decode, at most ADMIT_BUSY a step, since each begin
+        tokenizes a whole prompt and a request that waits a step more is often superseded (for
+        free) before it costs anything. While requests wait for a decoding slot, each one begun
+        generates at most LOAD_TOKEN_CAP tokens."""
+        begun = 0
         while True:
             with self.lock:
-                if not self.waiting or len(self.active) + len(self.prefilling) >= self.max_batch:
+                full = len(self.active) + len(self.prefilling) >= self.max_batch
+                if not self.waiting or full or (self.active and begun >= self.ADMIT_BUSY):
                     return
                 g = self.waiting.popleft()
+                crowded = len(self.active) + len(self.prefilling) + len(self.waiting) >= self.MAX_DECODING
             if g.cancel_reason is not None:
                 g.finish(g.cancel_reason)
                 self._left(g)
                 continue
+            if crowded:
+                g.cap_tokens(self.LOAD_TOKEN_CAP)
+            begun += 1
             if self._guard(g, g.begin):
                 with self.lock:
                     (self.prefilling if g.prefilling else self.active).append(g)
+                self._decode_began(g)
 
     def _prefill_chunks(self) -> list:
         """The next prompt chunks of the prefilling requests, within a token budget per step, so
         that a cold 1,500-token prompt cannot stall everyone else's decoding; fewest tokens left
         first, so that a keystroke follow-up (a few tokens) waits for no cold prompt."""
         budget = self.PREFILL_TOKENS_BUSY if self.active else self.PREFILL_TOKENS_IDLE
-        chosen = []
-        for g in sorted(self.prefilling, key=lambda g: g.prefill_remaining()):
+        chosen, quiet = [], time.perf_counter() - self.QUIET_MS / 1000
+        # A request its document has not superseded for a while (a pause) goes first, whatever
+        # its prompt's length; the rest fewest tokens first.
+        for g in sorted(self.prefilling, key=lambda g: (g.started > quiet, g.prefill_remaining())):
             if budget <= 0:
                 break
             count = min(budget, g.prefill_remaining())
@@ -238,12 +271,17 @@ class Scheduler:
     def _reap(self) -> None:
         """Cancelled requests finish; finished ones leave, giving their caches (full or partly
         prefilled) back to the prompt cache."""
+        now = time.perf_counter()
         with self.lock:
             queues = (self.prefilling, self.active)
             for queue in queues:
                 for g in queue:
-                    if g.cancel_reason is not None and not g.is_finished:
+                    if g.is_finished:
+                        continue
+                    if g.cancel_reason is not None:
                         g.finish(g.cancel_reason)
+                    elif g.past_deadline(now):  # also those waiting for a decoding slot
+                        g.finish("time")
             gone = [g for queue in queues for g in queue if g.is_finished]
             self.prefilling[:] = [g for g in self.prefilling if not g.is_finished]
             self.active[:] = [g for g in self.active if not g.is_finished]
@@ -251,12 +289,16 @@ class Scheduler:
             g.release()
             self._left(g)
 
+    def _decode_began(self, g) -> None:
+        if g.decode_started is not None:
+            self.load.waited((g.decode_started - g.started) * 1000)
+
     def _left(self, g) -> None:
         with self.lock:
-            document = g.options.document
-            if document is not None and self._live_by_document.get(document) is g:
-                del self._live_by_document[document]
-            self.recent.append(FinishedRecord(document, g.stop_reason, len(g.generated), self.steps))
+            for key, live in ((g.options.document, self._live_by_document), (g.options.slot, self._live_by_slot)):
+                if key is not None and live.get(key) is g:
+                    del live[key]
+            self.recent.append(FinishedRecord(g.options.document, g.stop_reason, len(g.generated), self.steps))
 
     def _fail_all(self) -> None:
         with self.lock:
@@ -265,3 +307,16 @@ class Scheduler:
         for g in failing:
             g.fail(RuntimeError("internal error in the scheduler step"))
             self._left(g)
+
+
+class LoadEstimate:
+    """What the latest requests waited from arrival to their first decoding step, as an
+    exponential moving average: the wait a request arriving now should expect."""
+
+    WEIGHT = 0.1
+
+    def __init__(self):
+        self.wait_ms = 0.0
+
+    def waited(self, millis: float) -> None:
+        self.wait_ms += self.WEIGHT * (millis - self.wait_ms)

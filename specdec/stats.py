@@ -25,13 +25,15 @@ class Stats(Mapping):
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
     total_ms: float = 0.0
-    stop_reason: str = "none"  # eos, newline, dedent, suffix, repeat, word, limit, time, cancelled, superseded, error
+    stop_reason: str = "none"  # eos, newline, dedent, suffix, repeat, word, limit, time, busy, cancelled, superseded, error
     stop_word: str = ""  # the stop string that matched, when stop_reason is "word"
     tree_nodes: int = 0  # speculated nodes verified, all passes together
     experts_woken: int = 0  # distinct experts of the passes this request rode in, over layers and passes
     context_chunks: int = 0  # repository chunks in the prompt (retrieved and the client's)
     context_tokens: int = 0
     retrieval_ms: float = 0.0
+    tokens_cap: int = 0  # the scheduler's cap on generated tokens under load (0: the request's own limit)
+    expected_wait_ms: float = 0.0  # with stop_reason "busy": the wait that was longer than the budget
 
     def __getitem__(self, key):
         if key not in _FIELDS:

@@ -52,3 +52,92 @@ def test_submitting_twice_does_not_supersede_the_request_itself(tiny_models):
     engine.scheduler.submit(g)
     engine.scheduler.run_until_done([g])  # submits again
     assert g.stop_reason != "superseded" and g.result().tokens
+
+
+def test_a_strict_budget_ends_the_completion_with_what_it_has(tiny_models):
+    """Stopped at its budget, a completion is the head of the one it would have been."""
+    engine = _engine(tiny_models)
+    whole = engine.complete("a = 1\n", "", max_tokens=300, mode="multi", use_prompt_cache=False)
+    cut = engine.complete("a = 1\n", "", max_tokens=300, mode="multi", use_prompt_cache=False, time_budget_ms=40)
+    assert whole.stats.stop_reason != "time" and len(whole.tokens) > len(cut.tokens)
+    assert cut.stats.stop_reason == "time" and cut.tokens == whole.tokens[: len(cut.tokens)]
+    assert cut.stats.decode_ms < 40 + 200  # at most the step that crossed the deadline after it
+
+
+def test_a_request_that_would_wait_past_its_budget_is_answered_at_once(tiny_models):
+    engine = _engine(tiny_models)
+    scheduler = engine.scheduler
+    waiting = [generation(engine, f"x_{i} = {i}\n", "", max_tokens=32, document=f"d{i}")
+               for i in range(scheduler.MAX_DECODING + 2)]
+    for g in waiting:
+        scheduler.submit(g)
+    for _ in range(40):
+        scheduler.load.waited(400.0)  # the latest requests waited 400 ms before decoding
+    late = generation(engine, "y = 2\n", "", max_tokens=32, time_budget_ms=250, document="late")
+    scheduler.submit(late)
+    assert late.is_finished and late.stop_reason == "busy" and late.prompt is None
+    assert late.result().stats.expected_wait_ms > 250 and late not in scheduler.waiting
+    patient = generation(engine, "y = 2\n", "", max_tokens=32, time_budget_ms=250, wait_budget_ms=2000,
+                         document="patient")
+    scheduler.submit(patient)
+    assert not patient.is_finished  # it waits up to 2 s for prediction to start: queued
+    unbounded = generation(engine, "y = 2\n", "", max_tokens=32, document="unbounded")
+    scheduler.submit(unbounded)
+    assert not unbounded.is_finished
+    warming = generation(engine, "y = 2\n", "", max_tokens=0, time_budget_ms=1, document="warm")
+    scheduler.submit(warming)
+    assert not warming.is_finished  # cache warming generates nothing: no budget to miss
+    scheduler.run_until_done(waiting + [patient, unbounded, warming])
+
+
+def test_requests_for_one_client_slot_supersede_each_other(tiny_models):
+    engine = _engine(tiny_models)
+    first = generation(engine, "a = 1\n", "", max_tokens=8, document="one.py", slot="client:0")
+    second = generation(engine, "b = 2\n", "", max_tokens=8, document="two.py", slot="client:0")
+    other = generation(engine, "c = 3\n", "", max_tokens=8, document="three.py", slot="client:1")
+    for g in (first, second, other):
+        engine.scheduler.submit(g)
+    engine.scheduler.run_until_done([second, other])
+    assert first.stop_reason == "superseded" and second.stop_reason != "superseded"
+    assert other.stop_reason != "superseded"
+
+
+def test_under_load_few_requests_begin_per_step_and_each_generates_less(tiny_models):
+    engine = _engine(tiny_models)
+    scheduler = engine.scheduler
+    busy = generation(engine, "a = 1\n", "", max_tokens=200, mode="multi", document="busy")
+    scheduler.submit(busy)
+    scheduler.step()  # decoding now
+    crowd = [generation(engine, f"v_{i} = {i}\n", "", max_tokens=64, mode="multi", document=f"c{i}") for i in range(8)]
+    for g in crowd:
+        scheduler.submit(g)
+    scheduler.step()
+    assert sum(g.prompt is not None for g in crowd) == scheduler.ADMIT_BUSY
+    scheduler.run_until_done(crowd)
+    capped = [g.result() for g in crowd if g.stats.tokens_cap]
+    assert capped and all(r.stats.tokens_cap == scheduler.LOAD_TOKEN_CAP and len(r.tokens) <= r.stats.tokens_cap
+                          for r in capped)
+    busy.request_cancel()
+    scheduler.step()
+
+
+def test_a_paused_request_prefills_before_a_burst_of_keystrokes(tiny_models):
+    engine = _engine(tiny_models)
+    scheduler = engine.scheduler
+    busy = generation(engine, "a = 1\n", "", max_tokens=200, mode="multi", document="busy")
+    scheduler.submit(busy)
+    scheduler.step()
+    _, long_prefix, suffix = code_prompts(1, seed=9, before=2000)[0]
+    paused = generation(engine, long_prefix, suffix, max_tokens=8, document="paused")
+    scheduler.submit(paused)
+    scheduler.step()  # begun; its first chunk
+    paused.started -= scheduler.QUIET_MS / 1000  # its document has been quiet since
+    burst = [generation(engine, f"w_{i} = {i}\n", "", max_tokens=8, document=f"b{i}") for i in range(2)]
+    for g in burst:
+        scheduler.submit(g)
+    before = paused.cache.length
+    scheduler.step()  # the burst begins, yet the paused prompt gets the step's prefill first
+    assert paused.cache.length - before == scheduler.PREFILL_TOKENS_BUSY
+    assert all(g.prefilling for g in burst)
+    busy.request_cancel()
+    scheduler.run_until_done([paused, *burst])
