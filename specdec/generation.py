@@ -84,6 +84,7 @@ class Generation:
         self.started = time.perf_counter()
         self.decode_started: float | None = None
         self.deadline: float | None = None  # a strict time budget's end, set when decoding begins
+        self.in_burst = False  # it superseded a live request of its document (set by the scheduler)
 
     # states -------------------------------------------------------------------------------
 

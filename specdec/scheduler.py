@@ -45,7 +45,7 @@ class Scheduler:
     MAX_DECODING = 4  # requests decoded per step; the rest wait their turn
     ADMIT_BUSY = 4  # requests begun per step while others decode (each begin tokenizes a prompt)
     LOAD_TOKEN_CAP = 16  # generated tokens per request while requests wait for a decoding slot
-    QUIET_MS = 200  # a request its document has not superseded for this long is what a user waits for
+    QUIET_MS = 200  # a request of a keystroke burst left alone this long is a pause: a user waits on it
 
     def __init__(self, engine, max_batch: int = 16, max_queue: int = 64):
         self.engine = engine
@@ -78,6 +78,7 @@ class Scheduler:
                     older = live.get(key)
                     if older is not None and older is not generation:
                         older.request_cancel("superseded")
+                        generation.in_burst = True
                     live[key] = generation
             self._drop_cancelled_waiting()
             budget, expected = generation.wait_budget_ms, self._expected_wait_ms()
@@ -207,10 +208,17 @@ class Scheduler:
         machine every request in the batch wakes more experts, and under fast typing the
         youngest requests are the ones the next keystroke supersedes: decoding the survivors
         first gets a user who paused a completion soonest."""
-        live = [g for g in self.active if not g.is_finished]
-        if len(live) <= self.MAX_DECODING:
-            return live
-        return sorted(live, key=lambda g: g.started)[: self.MAX_DECODING]
+        live = sorted((g for g in self.active if not g.is_finished), key=lambda g: g.started)
+        waited_on = [g for g in live if self._waited_on(g)]
+        if waited_on:  # a keystroke burst's young requests wait: the next keystroke supersedes them
+            live = waited_on
+        return live[: self.MAX_DECODING]
+
+    def _waited_on(self, g, now: float | None = None) -> bool:
+        """Whether a user is likely waiting on this request: it superseded no live request of
+        its document (a client with one request in flight, or the first after a gap), or its
+        document has left it alone for QUIET_MS (a pause after a burst of keystrokes)."""
+        return not g.in_burst or (now or time.perf_counter()) - g.started >= self.QUIET_MS / 1000
 
     def _admit(self) -> None:
         """Waiting requests begin (prompt built, prompt cache looked up; no forward) while there
@@ -243,10 +251,10 @@ class Scheduler:
         that a cold 1,500-token prompt cannot stall everyone else's decoding; fewest tokens left
         first, so that a keystroke follow-up (a few tokens) waits for no cold prompt."""
         budget = self.PREFILL_TOKENS_BUSY if self.active else self.PREFILL_TOKENS_IDLE
-        chosen, quiet = [], time.perf_counter() - self.QUIET_MS / 1000
-        # A request its document has not superseded for a while (a pause) goes first, whatever
-        # its prompt's length; the rest fewest tokens first.
-        for g in sorted(self.prefilling, key=lambda g: (g.started > quiet, g.prefill_remaining())):
+        chosen, now = [], time.perf_counter()
+        # A request a user waits on goes first, whatever its prompt's length; the rest (a
+        # keystroke burst) after it, fewest tokens first.
+        for g in sorted(self.prefilling, key=lambda g: (not self._waited_on(g, now), g.prefill_remaining())):
             if budget <= 0:
                 break
             count = min(budget, g.prefill_remaining())

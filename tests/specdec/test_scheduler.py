@@ -121,23 +121,31 @@ def test_under_load_few_requests_begin_per_step_and_each_generates_less(tiny_mod
     scheduler.step()
 
 
-def test_a_paused_request_prefills_before_a_burst_of_keystrokes(tiny_models):
+def test_a_request_a_user_waits_on_goes_before_a_burst_of_keystrokes(tiny_models):
+    """A keystroke that superseded its document's live request is part of a burst: a request
+    nobody superseded (a user waiting on it) prefills and decodes first."""
     engine = _engine(tiny_models)
     scheduler = engine.scheduler
     busy = generation(engine, "a = 1\n", "", max_tokens=200, mode="multi", document="busy")
     scheduler.submit(busy)
     scheduler.step()
     _, long_prefix, suffix = code_prompts(1, seed=9, before=2000)[0]
-    paused = generation(engine, long_prefix, suffix, max_tokens=8, document="paused")
-    scheduler.submit(paused)
+    waited_on = generation(engine, long_prefix, suffix, max_tokens=8, document="paused")
+    scheduler.submit(waited_on)
     scheduler.step()  # begun; its first chunk
-    paused.started -= scheduler.QUIET_MS / 1000  # its document has been quiet since
-    burst = [generation(engine, f"w_{i} = {i}\n", "", max_tokens=8, document=f"b{i}") for i in range(2)]
-    for g in burst:
+    keystrokes = [generation(engine, "w = 1" + "0" * i + "\n", "", max_tokens=8, document="typing") for i in range(3)]
+    for g in keystrokes:
         scheduler.submit(g)
-    before = paused.cache.length
-    scheduler.step()  # the burst begins, yet the paused prompt gets the step's prefill first
-    assert paused.cache.length - before == scheduler.PREFILL_TOKENS_BUSY
-    assert all(g.prefilling for g in burst)
+    burst = keystrokes[-1]
+    assert burst.in_burst and not waited_on.in_burst
+    before = waited_on.cache.length
+    scheduler.step()  # the burst's survivor begins, yet the waited-on prompt gets the step's prefill first
+    assert waited_on.cache.length - before == scheduler.PREFILL_TOKENS_BUSY and burst.prefilling
+    while waited_on.prefilling:
+        scheduler.step()
+    assert scheduler._decoding() and burst not in scheduler._decoding()  # young burst requests wait
+    burst.started -= scheduler.QUIET_MS / 1000  # then the user paused: it is waited on too
+    scheduler.step()
+    assert burst in scheduler._decoding() or burst.is_finished
     busy.request_cancel()
-    scheduler.run_until_done([paused, *burst])
+    scheduler.run_until_done([waited_on, burst])
