@@ -3,10 +3,14 @@
     python bench/load_server.py --repo REPO [--client vim|vscode|cancel] [--sessions 16] [--seconds 60]
 
 Each session types stretches of real files of the repository character by character (one
-keystroke every --interval ms on average); every keystroke sends llama.vim's /infill request, and a newer keystroke
-abandons (disconnects) the previous request if it is still running, as editors do. Reports
-p50/p95 latency of completed requests, 5xx count, and the server's RSS before and after.
-Bounded: loopback only, --seconds of load, at most --sessions clients.
+keystroke every --interval ms on average) and sends llama.vim's /infill body on each keystroke,
+under one of three client behaviours (see session()). At each line end the user pauses; the
+pause wait, from that keystroke to the answer for exactly that text, is what the report's
+p50/p95/p99 are of, next to what the answer held (empty answers, tokens, stop reasons).
+It also reports completions per second, answers shed as busy or capped, 5xx, tau under load,
+/health probed once a second, and the server's RSS, threads and file descriptors sampled every
+--sample-every seconds (a soak: --sessions 4 --seconds 600). Bounded: loopback only, at most
+--sessions clients for --seconds.
 """
 
 import argparse
