@@ -26,27 +26,29 @@ class VerifyCost:
         self.sizes, self.millis = list(sizes), list(millis)
 
     @classmethod
-    def measure(cls, model, context: int = 512, repeats: int = 3, sample_ids=None) -> "VerifyCost":
+    def measure(cls, model, context: int = 512, repeats: int = 5, sample_ids=None) -> "VerifyCost":
         """sample_ids: real code tokens. An MoE's cost depends on how many experts the tokens
-        wake, and identical (e.g. zero) ids all route alike, which understates a real tree."""
+        wake, and identical (e.g. zero) ids all route alike, which understates a real tree.
+
+        The sizes are timed in interleaved rounds and each keeps its median: a slow spell of
+        the machine then slows every size alike, where timing one size's repeats back to back
+        let it land on one size. The curve is then made non-decreasing from the right, cost(n)
+        = min over m >= n: a spike at one small size must not raise every larger size with it,
+        which made a server started on a busy machine price every tree token at a whole step
+        and never speculate."""
         need = context + max(SIZES)
         ids = torch.as_tensor(list(sample_ids or ()) or [0], dtype=torch.long)
         ids = ids.repeat(need // len(ids) + 1)[:need]
         cache = model.new_cache(need)
         model(ids[:context], torch.arange(context), [Segment(cache, context)])
         cache.keep_all()
-        millis = []
-        for n in SIZES:
-            times = []
-            for _ in range(repeats):
-                t = time.perf_counter()
+        times = {n: [] for n in SIZES}
+        for _ in range(repeats):
+            for n in SIZES:
+                started = time.perf_counter()
                 model(ids[context : context + n], torch.arange(context, context + n), [Segment(cache, n)])
-                times.append((time.perf_counter() - t) * 1000)
-            millis.append(statistics.median(times))
-        # Costs are noisy; force them non-decreasing so marginal costs are never negative.
-        for i in range(1, len(millis)):
-            millis[i] = max(millis[i], millis[i - 1])
-        return cls(SIZES, millis)
+                times[n].append((time.perf_counter() - started) * 1000)
+        return cls(SIZES, non_decreasing_from_the_right([statistics.median(times[n]) for n in SIZES]))
 
     def __call__(self, n: int) -> float:
         """Linear interpolation between measured sizes; beyond the largest, its per-token cost."""
@@ -57,6 +59,15 @@ class VerifyCost:
             return self.millis[-1] * n / self.sizes[-1]
         a, b, ca, cb = self.sizes[i - 1], self.sizes[i], self.millis[i - 1], self.millis[i]
         return ca + (cb - ca) * (n - a) / (b - a)
+
+
+def non_decreasing_from_the_right(millis) -> list:
+    """cost(n) = the lowest cost measured at n or any larger size (costs never fall as n grows,
+    so marginal costs are never negative, and a spike at one size stays at that size)."""
+    out = list(millis)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
 
 
 def min_useful_prob(cost: VerifyCost) -> float:

@@ -162,3 +162,18 @@ def test_history_knows_when_the_text_runs_along_a_suggestion():
     assert not history.typing_along("doc", prefix + "print('something else entirely')", length=12)
     assert not history.typing_along("other", typed, length=12)
     assert not history.typing_along("doc", prefix + "return math.pi * radius * radius\n", length=12)  # nothing left
+
+
+def test_a_spike_in_the_measured_verify_costs_stays_where_it_was():
+    """Measured on a busy machine, 2 tree tokens once took two steps: that must not price every
+    larger tree at two steps too (the server would then never speculate)."""
+    from specdec.budget import SIZES, VerifyCost, grow_tree, non_decreasing_from_the_right
+    from specdec.tree import TokenTree
+
+    measured = [7.6, 14.9, 7.9, 8.1, 8.4, 8.8, 9.5, 10.2, 12.0, 13.5]
+    fitted = non_decreasing_from_the_right(measured)
+    assert fitted[:3] == [7.6, 7.9, 7.9] and fitted[3:] == measured[3:]
+    assert all(a <= b for a, b in zip(fitted, fitted[1:], strict=False))
+    tree = TokenTree(0)
+    grow_tree(tree, [DraftPath("draft", [1, 2, 3, 4], [0.9, 0.8, 0.7, 0.6])], VerifyCost(SIZES, fitted), 64)
+    assert len(tree) == 5  # likely tokens are worth their (small) marginal cost
