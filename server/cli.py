@@ -9,9 +9,10 @@ from pathlib import Path
 
 
 def _model_arguments(parser, repo_help: str) -> None:
+    from specdec.cli import add_model_arguments
+
     parser.add_argument("--repo", type=Path, help=repo_help)
-    parser.add_argument("--target", type=Path, help="an HF-layout target model directory")
-    parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory")
+    add_model_arguments(parser)
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,21 @@ class ServeCommand:
         from server.settings import Settings
 
         settings = Settings.from_env(host=args.host, port=args.port, api_key=args.api_key, repo=args.repo,
-                                     target=args.target, draft=args.draft)
+                                     target=args.target, draft=args.draft, fim_mode=args.fim_mode)
         if not args.expert_parallel:
-            return serve(settings)
+            # A FIM order the target's family lacks is refused here, as a CLI error, not in startup.
+            return serve(settings, _engine(settings) if args.fim_mode else None)
         return _serve_expert_parallel(settings, args.expert_stats)
 
 
 SERVE = ServeCommand()
+
+
+def _engine(settings, target_model=None):
+    from specdec import Engine
+
+    return Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo, target_model=target_model,
+                                  fim_mode=settings.fim_mode)
 
 
 def _serve_expert_parallel(settings, statistics) -> None:
@@ -50,7 +59,7 @@ def _serve_expert_parallel(settings, statistics) -> None:
     import signal
 
     from server.main import serve
-    from specdec import Engine, default_model_dir, expert_parallel
+    from specdec import default_model_dir, expert_parallel
 
     def stop_server(reason: str) -> None:
         logging.getLogger("specdec.serve").error("stopping: %s", reason)
@@ -58,7 +67,7 @@ def _serve_expert_parallel(settings, statistics) -> None:
 
     def lead(model, channel) -> int:
         channel.on_failure = stop_server
-        serve(settings, Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo, target_model=model))
+        serve(settings, _engine(settings, model))
         return 0
 
     expert_parallel.run(settings.target or default_model_dir() / "target", statistics, lead)
@@ -83,7 +92,8 @@ class LspCommand:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol
         if args.tcp and not args.tcp.rpartition(":")[2].isdigit():
             raise ValueError(f"--tcp {args.tcp!r}: expected HOST:PORT")
-        return run(Engine.from_pretrained(args.target, args.draft, repo=args.repo), args.repo, args.tcp)
+        return run(Engine.from_pretrained(args.target, args.draft, repo=args.repo, fim_mode=args.fim_mode), args.repo,
+                   args.tcp)
 
 
 LSP = LspCommand()

@@ -41,7 +41,8 @@ def create_app(settings: Settings, engine=None) -> FastAPI:
         if state.engine is None:
             from specdec import Engine
 
-            state.engine = Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo)
+            state.engine = Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo,
+                                                  fim_mode=settings.fim_mode)
         state.engine.set_limits(max_batch=settings.max_batch, max_queue=settings.max_queue)
         state.bridge = EngineBridge(state.engine, state.metrics)  # warms the engine up and starts its loop
         if settings.repo is not None and state.engine.index is None:

@@ -41,8 +41,7 @@ def main(argv=None) -> int:
     c.add_argument("--mode", choices=MODES, default="auto")
     c.add_argument("--max-tokens", type=int, default=64)
     c.add_argument("--temperature", type=float, default=0.0)
-    c.add_argument("--target", type=Path)
-    c.add_argument("--draft", type=Path)
+    add_model_arguments(c)
     c.add_argument("--context", choices=CONTEXTS, default="auto",
                    help="auto: put retrieved repository code in the prompt (with --repo or --index); none: do not")
     c.add_argument("--json", action="store_true", help="print text and statistics as JSON")
@@ -103,6 +102,13 @@ def _adapt(args) -> int:
     return 0
 
 
+def add_model_arguments(parser) -> None:
+    parser.add_argument("--target", type=Path, help="an HF-layout target model directory")
+    parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory, or an EAGLE-3 head's")
+    parser.add_argument("--fim-mode", choices=("psm", "spm", "suffix_first"),
+                        help="the FIM order (default: the target's config.json, else its family's own)")
+
+
 def add_expert_parallel_arguments(parser) -> None:
     parser.add_argument("--expert-parallel", action="store_true",
                         help="under torchrun: each rank holds 1/WORLD_SIZE of every MoE layer's experts")
@@ -144,7 +150,8 @@ def _complete_with(args, prefix: str, suffix: str, index, target_model) -> int:
     from specdec.engine import Engine
 
     path = None
-    engine = Engine.from_pretrained(args.target, args.draft, index, repo=args.repo, target_model=target_model)
+    engine = Engine.from_pretrained(args.target, args.draft, index, repo=args.repo, target_model=target_model,
+                                    fim_mode=args.fim_mode)
     if engine.index is not None:
         try:
             path = engine.index.relative(args.file.resolve())

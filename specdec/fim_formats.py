@@ -6,9 +6,11 @@
 | StarCoder2 | `<fim_prefix>P<fim_suffix>S<fim_middle>` | SPM, the same way | `<file_sep>path\\ncode` |
 | DeepSeek-Coder | `<｜fim▁begin｜>P<｜fim▁hole｜>S<｜fim▁end｜>` | - | `# path` comment headers |
 | Codestral | - | suffix first: `[SUFFIX]S[PREFIX]P` | `# path` comment headers |
+| CodeLlama | `<s>▁<PRE>P▁<SUF>S▁<MID>` | SPM `<s>▁<PRE>▁<SUF>S▁<MID>P` | `# path` comment headers |
 
 In every order but PSM the prefix ends the prompt, so it runs straight into the completion.
-CodeLlama's sentencepiece format (`▁<PRE>`, with the suffix's leading space dropped) is not here.
+CodeLlama's tokenizer is a sentencepiece one, which puts a space before a text's first word:
+the prefix keeps it (`<PRE> {prefix}` in Meta's reference code), the suffix is encoded without it.
 """
 
 from dataclasses import dataclass
@@ -29,9 +31,12 @@ class FimFormat:
     file_sep: str | None = None  # repository-format separator; None: context as comment headers
     pad: str | None = None
     comment: str = "#"
+    bos: str | None = None  # a token that opens every prompt (CodeLlama's <s>)
+    bare_suffix: bool = False  # the suffix without the space a sentencepiece tokenizer puts first
+
 
     def tokens(self) -> tuple:
-        return tuple(t for t in (self.prefix, self.suffix, self.middle, self.file_sep, self.pad, *self.eot) if t)
+        return tuple(t for t in (self.prefix, self.suffix, self.middle, self.file_sep, self.pad, *self.eot, self.bos) if t)
 
 
 QWEN = FimFormat("qwen", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", ("<|endoftext|>",), ("psm", "spm"),
@@ -40,7 +45,9 @@ STARCODER = FimFormat("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>
                       file_sep="<file_sep>", pad="<fim_pad>")
 DEEPSEEK = FimFormat("deepseek", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", ("<｜end▁of▁sentence｜>",), ("psm",))
 CODESTRAL = FimFormat("codestral", "[PREFIX]", "[SUFFIX]", None, ("</s>",), ("suffix_first",))
-FORMATS = (QWEN, STARCODER, DEEPSEEK, CODESTRAL)
+CODELLAMA = FimFormat("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>", ("▁<EOT>", "</s>"), ("psm", "spm"), bos="<s>",
+                      bare_suffix=True)
+FORMATS = (QWEN, STARCODER, DEEPSEEK, CODESTRAL, CODELLAMA)
 
 
 def detect(tokenizer) -> FimFormat:

@@ -169,3 +169,41 @@ def test_fim_orders_and_refusals():
         PromptBuilder(_family_tokenizer(FAMILIES["deepseek"][0]), "spm")
     with pytest.raises(PromptError, match="none of the FIM formats"):
         PromptBuilder(_family_tokenizer(["<|endoftext|>"]), None)
+
+
+def _sentencepiece_tokenizer(prepend: str = "first"):
+    """A small Metaspace BPE, as CodeLlama's sentencepiece tokenizer splits text, with its FIM tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tests.helpers import CORPUS_FILES, STDLIB
+
+    tokenizer = Tokenizer(models.BPE(byte_fallback=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend)
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=prepend)
+    specials = ["<s>", "</s>", "▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>"]
+    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=list("☺"))
+    tokenizer.train_from_iterator([(STDLIB / f).read_text() for f in CORPUS_FILES[:2]], trainer=trainer)
+    return tokenizer
+
+
+def test_codellama_prompts_follow_metas_reference_format():
+    """<s>▁<PRE> {prefix}▁<SUF>{suffix}▁<MID> (and SPM <s>▁<PRE>▁<SUF>{suffix}▁<MID> {prefix}): the
+    prefix keeps the space sentencepiece puts before a text's first word, the suffix does not."""
+    tokenizer = _sentencepiece_tokenizer()
+    bare = _sentencepiece_tokenizer("never")  # the same merges, no space put first
+    bare.model = tokenizer.model
+    ids = {t: tokenizer.token_to_id(t) for t in ("<s>", "▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>")}
+    prefix, suffix = "def total(rows):\n    return ", "sum(rows)\n\nprint(total([1]))\n"
+    psm = PromptBuilder(tokenizer, None)
+    assert psm.format.name == "codellama" and psm.fim_mode == "psm" and ids["▁<EOT>"] in psm.stop_ids
+    expected_suffix = bare.encode(suffix, add_special_tokens=False).ids
+    assert expected_suffix != tokenizer.encode(suffix, add_special_tokens=False).ids  # the premise
+    assert psm.build(prefix, suffix, heal=False).ids == [
+        ids["<s>"], ids["▁<PRE>"], *tokenizer.encode(prefix, add_special_tokens=False).ids, ids["▁<SUF>"],
+        *expected_suffix, ids["▁<MID>"]]
+    spm = PromptBuilder(tokenizer, "spm").build(prefix, suffix, heal=False).ids
+    assert spm == [ids["<s>"], ids["▁<PRE>"], ids["▁<SUF>"], *expected_suffix, ids["▁<MID>"],
+                   *tokenizer.encode(prefix, add_special_tokens=False).ids]
+    with_context = PromptBuilder(tokenizer, None).build(prefix, suffix, extra=[("util.py", "x = 1")], heal=False).ids
+    assert with_context[0] == ids["<s>"] and tokenizer.decode(with_context[1:12]).startswith("# util.py")
