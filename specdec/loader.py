@@ -3,7 +3,12 @@
 Per-expert checkpoint tensors (Qwen3-MoE's mlp.experts.{e}.gate_proj/up_proj/down_proj,
 Mixtral's block_sparse_moe.experts.{e}.w1/w3/w2) are stacked into the fused layout the kernels
 read: gate_up [E, 2I, H] (gate rows first) and down [E, H, I]. transformers v5's fused names
-load as they are.
+load as they are. FP8 weights with block scales (`weight_scale_inv`, as DeepSeek ships them)
+and GPT-OSS's MXFP4 experts are decoded as they are read.
+
+Each tensor goes to the load device and dtype as it is read, file by file: a GPU load never
+holds the whole model in host memory, only the tensor being read (and the experts of one layer
+until they are stacked).
 """
 
 import json
@@ -76,7 +81,7 @@ def weight_bytes(path: Path, dtype, experts: dict | None = None) -> int:
         except (OSError, RuntimeError, ValueError) as err:
             raise CheckpointError(f"{path / file}: cannot read safetensors file ({err})") from None
         for name, shape in shapes.items():
-            if name.endswith("_scales"):  # MXFP4: decoded into the blocks' weights
+            if name.endswith(("_scales", "weight_scale_inv")):  # MXFP4 and FP8: decoded into the weights
                 continue
             count = math.prod(shape) * (2 if name.endswith("_blocks") else 1)  # blocks: two e2m1 values a byte
             rows = keep(name)
@@ -121,7 +126,7 @@ def _expert_filter(experts: dict | None):
         if experts is None:
             return None
         name = _canonical_name(name)
-        match = _PER_EXPERT.match(name)
+        match = _PER_EXPERT.match(name.removesuffix("_scale_inv"))  # an FP8 weight's scales go with it
         if match:
             layer = int(name.split(".")[2])
             return None if int(match.group(2)) in experts.get(layer, ()) else []
@@ -132,27 +137,74 @@ def _expert_filter(experts: dict | None):
 
 def _read_tensors(path: Path, cfg: ModelConfig, expected: dict, dtype, device, shard: dict | None = None) -> dict:
     tensors, experts, unexpected = {}, {}, []
-    checkpoint = _iter_checkpoint(path, _expert_filter(shard))
+    checkpoint = _fp8_dequantized(_iter_checkpoint(path, _expert_filter(shard)), _fp8_block(cfg), path)
     if cfg.architecture == GPT_OSS:
         checkpoint = _gpt_oss_tensors(checkpoint, path)
     for name, tensor in checkpoint:
         name = _canonical_name(name)
+        tensor = tensor.to(device=device, dtype=dtype)
         match = _PER_EXPERT.match(name)
         if match and match.group(3) in _EXPERT_PART:
             prefix, expert, part = match.group(1), int(match.group(2)), _EXPERT_PART[match.group(3)]
-            experts.setdefault(prefix, {})[(expert, part)] = tensor
+            parts = experts.setdefault(prefix, {})
+            parts[(expert, part)] = tensor
+            wanted = _wanted_experts(cfg, prefix, shard)
+            if len(parts) == 3 * len(wanted):  # a layer's experts complete: stacked now, their parts freed
+                tensors.update(_stack_experts(prefix, experts.pop(prefix), wanted, cfg.num_experts, unexpected))
         elif name in expected:
             tensors[name] = tensor
         elif not (name == "lm_head.weight" and cfg.tie_word_embeddings):
             unexpected.append(name)
-    for prefix, parts in experts.items():
-        layer = int(prefix.split(".")[2])
-        wanted = shard[layer] if shard is not None and layer in shard else range(cfg.num_experts)
-        tensors.update(_stack_experts(prefix, parts, list(wanted), cfg.num_experts, unexpected))
+    for prefix, parts in experts.items():  # layers whose experts came incomplete: named as problems
+        tensors.update(_stack_experts(prefix, parts, _wanted_experts(cfg, prefix, shard), cfg.num_experts, unexpected))
     problems = _problems(expected, tensors, unexpected)
     if problems:
         raise CheckpointError(f"{path}: checkpoint does not match config.json:\n  " + "\n  ".join(problems))
-    return {k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}
+    return tensors
+
+
+def _wanted_experts(cfg: ModelConfig, prefix: str, shard: dict | None) -> list:
+    layer = int(prefix.split(".")[2])
+    return list(shard[layer] if shard is not None and layer in shard else range(cfg.num_experts))
+
+
+def _fp8_block(cfg: ModelConfig) -> tuple[int, int]:
+    quantization = cfg.raw.get("quantization_config") or {}
+    block = quantization.get("weight_block_size") or (128, 128)
+    return int(block[0]), int(block[1])
+
+
+def _fp8_dequantized(checkpoint, block: tuple[int, int], path: Path):
+    """FP8 weights (e4m3/e5m2) with their `weight_scale_inv` [ceil(out/bo), ceil(in/bi)] become
+    weight * scale of its block, in fp32; the two may come in either order, or other files."""
+    pending = {}
+    for name, tensor in checkpoint:
+        if name.endswith(".weight_scale_inv"):
+            key, part = name[: -len("_scale_inv")], "scale"
+        elif tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and name.endswith(".weight"):
+            key, part = name, "weight"
+        else:
+            yield name, tensor
+            continue
+        parts = pending.setdefault(key, {})
+        parts[part] = tensor
+        if len(parts) == 2:
+            del pending[key]
+            yield key, _dequantize_fp8(parts["weight"], parts["scale"], block, key, path)
+    if pending:
+        missing = ", ".join(f"{k} ({'scale' if 'weight' in v else 'weight'})" for k, v in sorted(pending.items()))
+        raise CheckpointError(f"{path}: FP8 weights without their block scales or the reverse: {missing}")
+
+
+def _dequantize_fp8(weight, scale, block: tuple[int, int], name: str, path: Path) -> torch.Tensor:
+    rows, cols = weight.shape[-2:]
+    expected = (-(-rows // block[0]), -(-cols // block[1]))
+    if tuple(scale.shape[-2:]) != expected:
+        raise CheckpointError(f"{path}: {name}: block scales {tuple(scale.shape)} do not fit the weight "
+                              f"{tuple(weight.shape)} in blocks of {block[0]}x{block[1]} (expected {expected})")
+    full = scale.float().repeat_interleave(block[0], dim=-2)[..., :rows, :]
+    full = full.repeat_interleave(block[1], dim=-1)[..., :cols]
+    return weight.float() * full
 
 
 _GPT_OSS_MXFP4 = re.compile(r"^(.*\.mlp\.experts\.(?:gate_up_proj|down_proj))_(blocks|scales)$")

@@ -218,3 +218,43 @@ def test_gpt_oss_mxfp4_file_matches_transformers_own_dequantised_load(hf_checkpo
     with torch.no_grad():
         expected = reference(ids).logits
     assert _rel_err(load_model(tmp_path / "mxfp4").logits(ids), expected) < 1e-4
+
+
+def _as_fp8_blocks(weight, block):
+    """weight [out, in] -> (e4m3 weight, weight_scale_inv [ceil(out/bo), ceil(in/bi)]) as DeepSeek
+    ships them, and the weight they decode to (padded blocks, reshaped: written apart from the loader's)."""
+    rows, cols = weight.shape
+    br, bc = -(-rows // block[0]), -(-cols // block[1])
+    padded = torch.zeros(br * block[0], bc * block[1])
+    padded[:rows, :cols] = weight
+    blocks = padded.view(br, block[0], bc, block[1])
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-8) / 448.0
+    fp8 = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn)
+    decoded = (fp8.float() * scale[:, None, :, None]).view(br * block[0], bc * block[1])[:rows, :cols].contiguous()
+    return fp8.view(br * block[0], bc * block[1])[:rows, :cols].contiguous(), scale, decoded
+
+
+def test_fp8_block_scaled_weights_load_as_decoded(hf_checkpoints, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    directory = hf_checkpoints["deepseek_v2"][0]
+    block = (16, 20)  # rows and columns that do not divide evenly
+    tensors, decoded = load_file(str(directory / "model.safetensors")), {}
+    for name in [n for n in tensors if n.endswith("proj.weight") and tensors[n].dim() == 2]:
+        fp8, scale, decoded[name] = _as_fp8_blocks(tensors[name].float(), block)
+        tensors[name], tensors[name[: -len("weight")] + "weight_scale_inv"] = fp8, scale
+    assert len(decoded) > 6
+    for out, stored in (("fp8", tensors), ("decoded", {**load_file(str(directory / "model.safetensors")), **decoded})):
+        (tmp_path / out).mkdir()
+        config = json.loads((directory / "config.json").read_text())
+        if out == "fp8":
+            config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(block)}
+        (tmp_path / out / "config.json").write_text(json.dumps(config))
+        save_file(stored, str(tmp_path / out / "model.safetensors"))
+    ids = torch.randint(0, 97, (1, 15), generator=torch.Generator().manual_seed(6))
+    assert torch.allclose(load_model(tmp_path / "fp8").logits(ids), load_model(tmp_path / "decoded").logits(ids), atol=1e-5)
+    dropped = next(k for k in tensors if k.endswith("weight_scale_inv"))
+    orphan = {k: v for k, v in tensors.items() if k != dropped}
+    save_file(orphan, str(tmp_path / "fp8" / "model.safetensors"))
+    with pytest.raises(ValueError, match="without their block scales"):
+        load_model(tmp_path / "fp8")
