@@ -1,15 +1,20 @@
 """Scheduler: steps every live generation in one loop, batching their verify passes.
 
-Each iteration finishes cancelled generations and reaps the finished ones, admits waiting ones
-(prompt-cache lookup), runs one batched forward over the next chunks of the prompts being
-prefilled (within a token budget) and the token trees of the decoding ones (a segment per
-request), and commits each request's accepted tokens. A request for a document supersedes the
-older request for it still live. The loop runs inline (Engine.complete without a server) or on
-a background thread (the server).
+Each iteration finishes cancelled generations (and those past a strict time budget) and reaps
+the finished ones, admits waiting ones (prompt-cache lookup), runs one batched forward over the
+next chunks of the prompts being prefilled (within a token budget) and the token trees of the
+decoding ones (a segment per request), and commits each request's accepted tokens. The loop runs
+inline (Engine.complete without a server) or on a background thread (the server).
+
+Under load it sheds work nobody will see: a request for a document or a client slot supersedes
+the older one still live; a request whose client would give up before it decoded is answered at
+once ("busy"); few requests begin per step and each generates less while requests wait for a
+decoding slot; and requests a user waits on go before a keystroke burst's young ones.
 
 Threads: submit() runs on the caller's thread, everything else on the loop's. The lock guards
-the three queues (waiting, prefilling, active) and the live-by-document map; generations are
-changed only by the loop, except request_cancel(), which is safe from any thread.
+the three queues (waiting, prefilling, active) and the live-by-document and by-slot maps;
+generations are changed only by the loop, except request_cancel(), which is safe from any
+thread, and a "busy" answer, which submit() gives before the loop ever sees the request.
 """
 
 import logging
@@ -204,10 +209,10 @@ class Scheduler:
                     learn_step(g.policies, g.options.strategy, g.speculating, share + own_ms, count)
 
     def _decoding(self) -> list:
-        """The decoding requests stepped now: the oldest first. With an MoE on a memory-bound
-        machine every request in the batch wakes more experts, and under fast typing the
-        youngest requests are the ones the next keystroke supersedes: decoding the survivors
-        first gets a user who paused a completion soonest."""
+        """The decoding requests stepped now: those a user waits on (_waited_on), oldest first.
+        With an MoE on a memory-bound machine every request in the batch wakes more experts, and
+        under fast typing a burst's young requests are the ones the next keystroke supersedes:
+        leaving them out keeps the batch small for a user who paused."""
         live = sorted((g for g in self.active if not g.is_finished), key=lambda g: g.started)
         waited_on = [g for g in live if self._waited_on(g)]
         if waited_on:  # a keystroke burst's young requests wait: the next keystroke supersedes them
@@ -248,12 +253,11 @@ class Scheduler:
 
     def _prefill_chunks(self) -> list:
         """The next prompt chunks of the prefilling requests, within a token budget per step, so
-        that a cold 1,500-token prompt cannot stall everyone else's decoding; fewest tokens left
-        first, so that a keystroke follow-up (a few tokens) waits for no cold prompt."""
+        that a cold 1,500-token prompt cannot stall everyone else's decoding; among the requests
+        a user waits on and then among the rest, fewest tokens left first, so that a keystroke
+        follow-up (a few tokens) waits for no cold prompt."""
         budget = self.PREFILL_TOKENS_BUSY if self.active else self.PREFILL_TOKENS_IDLE
         chosen, now = [], time.perf_counter()
-        # A request a user waits on goes first, whatever its prompt's length; the rest (a
-        # keystroke burst) after it, fewest tokens first.
         for g in sorted(self.prefilling, key=lambda g: (not self._waited_on(g, now), g.prefill_remaining())):
             if budget <= 0:
                 break
