@@ -30,25 +30,18 @@ class ServeCommand:
         add_expert_parallel_arguments(parser)
 
     def run(self, args) -> int:
-        from server.main import serve
+        from server.main import load_engine, serve
         from server.settings import Settings
 
         settings = Settings.from_env(host=args.host, port=args.port, api_key=args.api_key, repo=args.repo,
                                      target=args.target, draft=args.draft, fim_mode=args.fim_mode)
         if not args.expert_parallel:
             # A FIM order the target's family lacks is refused here, as a CLI error, not in startup.
-            return serve(settings, _engine(settings) if args.fim_mode else None)
+            return serve(settings, load_engine(settings) if args.fim_mode else None)
         return _serve_expert_parallel(settings, args.expert_stats)
 
 
 SERVE = ServeCommand()
-
-
-def _engine(settings, target_model=None):
-    from specdec import Engine
-
-    return Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo, target_model=target_model,
-                                  fim_mode=settings.fim_mode)
 
 
 def _serve_expert_parallel(settings, statistics) -> None:
@@ -58,7 +51,7 @@ def _serve_expert_parallel(settings, statistics) -> None:
     import os
     import signal
 
-    from server.main import serve
+    from server.main import load_engine, serve
     from specdec import default_model_dir, expert_parallel
 
     def stop_server(reason: str) -> None:
@@ -67,7 +60,7 @@ def _serve_expert_parallel(settings, statistics) -> None:
 
     def lead(model, channel) -> int:
         channel.on_failure = stop_server
-        serve(settings, _engine(settings, model))
+        serve(settings, load_engine(settings, model))
         return 0
 
     expert_parallel.run(settings.target or default_model_dir() / "target", statistics, lead)

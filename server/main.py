@@ -32,6 +32,15 @@ class AppState:
     started: float = field(default_factory=time.time)
 
 
+def load_engine(settings: Settings, target_model=None):
+    """The Engine the settings name (the embedded models by default); target_model: the target
+    already loaded (an expert-parallel shard)."""
+    from specdec import Engine
+
+    return Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo, target_model=target_model,
+                                  fim_mode=settings.fim_mode)
+
+
 def create_app(settings: Settings, engine=None) -> FastAPI:
     """engine: a ready Engine (tests); None loads the models named in settings (or the embedded ones)."""
 
@@ -39,10 +48,7 @@ def create_app(settings: Settings, engine=None) -> FastAPI:
     async def lifespan(app: FastAPI):
         state = app.state.specdec
         if state.engine is None:
-            from specdec import Engine
-
-            state.engine = Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo,
-                                                  fim_mode=settings.fim_mode)
+            state.engine = load_engine(settings)
         state.engine.set_limits(max_batch=settings.max_batch, max_queue=settings.max_queue)
         state.bridge = EngineBridge(state.engine, state.metrics)  # warms the engine up and starts its loop
         if settings.repo is not None and state.engine.index is None:
