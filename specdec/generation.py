@@ -133,7 +133,7 @@ class Generation:
             return None
         if self.options.wait_budget_ms is not None:
             return self.options.wait_budget_ms
-        return None if self.options.time_budget_after_newline else self.options.time_budget_ms
+        return self.options.strict_budget_ms
 
     def cap_tokens(self, cap: int) -> None:
         """Generate at most `cap` tokens (the scheduler sheds work under load); the cap is reported."""
@@ -216,8 +216,8 @@ class Generation:
             self.draft.sync(self.committed)
         self.stats.prefill_ms = (time.perf_counter() - self.started) * 1000
         self.decode_started = time.perf_counter()
-        if self.options.time_budget_ms is not None and not self.options.time_budget_after_newline:
-            self.deadline = self.decode_started + self.options.time_budget_ms / 1000
+        if self.options.strict_budget_ms is not None:
+            self.deadline = self.decode_started + self.options.strict_budget_ms / 1000
         self._enter(State.DECODING)
         if self.max_tokens == 0:
             self.finish("limit")

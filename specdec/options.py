@@ -63,6 +63,11 @@ class CompletionOptions:
             object.__setattr__(self, "extra", tuple(self.extra))
             object.__setattr__(self, "stop", tuple(self.stop))
 
+    @property
+    def strict_budget_ms(self) -> float | None:
+        """The time budget when it is kept strictly (not llama.cpp's after-a-newline rule)."""
+        return None if self.time_budget_after_newline else self.time_budget_ms
+
     def with_changes(self, **changes) -> "CompletionOptions":
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
