@@ -23,6 +23,7 @@ MAX_CONTEXT_TOKENS = 1536  # of the model's 2048 positions, leaving room to gene
 CHARS_PER_TOKEN_MAX = 6  # code averages 3.7 characters per token with the default tokenizer
 LINE_ALLOWANCE = 96  # tokens of a cut prefix's budget kept for the line being typed
 MAX_HEALED_TOKENS = 4  # a word being typed rarely spans more tokens than this
+FIXED_TOKENS = 5  # the format's special tokens around prefix and suffix, and a BOS where the family has one
 _SENTINEL = "\u263a"  # a character no merge joins to the text after it (Meta's reference code uses it too)
 ANCHOR_EVERY = 8  # about one line in this many is a place where a too-long prefix may be cut
 
@@ -81,7 +82,7 @@ class PromptBuilder:
         """reserve: tokens kept for the context chunks however long the file is (a fixed number,
         so that the prefix's cut, and with it the prompt cache, stays put keystroke after keystroke)."""
         suffix_ids = self._encode_suffix(suffix)
-        budget = self.max_tokens - 5 - min(reserve, self.max_tokens // 2)
+        budget = self.max_tokens - FIXED_TOKENS - min(reserve, self.max_tokens // 2)
         keep_suffix = min(len(suffix_ids), budget // 4)
         prefix_ids, truncated, sized_by = self._prefix_within(prefix, budget - keep_suffix, budget - len(suffix_ids))
         if truncated:
@@ -89,11 +90,11 @@ class PromptBuilder:
         healed, allowed = "", None
         if heal and prefix_ids:
             prefix_ids, healed, allowed = self._heal(prefix_ids)
-        room = self.max_tokens - 5 - len(prefix_ids) - len(suffix_ids)
+        room = self.max_tokens - FIXED_TOKENS - len(prefix_ids) - len(suffix_ids)
         # The context's room is sized as the cut is, from the lines above the cursor's, in steps
         # of 128 tokens: the room left by the prefix's own tokens would shrink keystroke by
         # keystroke and drop a chunk at the prompt's front, which is a prefill of the whole prompt.
-        steady = self.max_tokens - 5 - len(suffix_ids) - -(-sized_by // 128) * 128
+        steady = self.max_tokens - FIXED_TOKENS - len(suffix_ids) - -(-sized_by // 128) * 128
         context = self._context(extra, min(room, max(reserve, steady)))
         truncated |= context[1]
         bos = [self.special[self.format.bos]] if self.format.bos in self.special else []
