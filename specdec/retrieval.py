@@ -13,55 +13,62 @@ the context at about one line in four, each change a prefill of the whole prompt
 import threading
 import time
 from collections import OrderedDict
+from typing import NamedTuple
 
 CONTEXT_RESERVE_TOKENS = 512  # of the prompt kept for retrieved chunks however long the file is
 CHARS_PER_TOKEN = 3.5  # code, with the default tokenizer: turns the token budget into characters
 REFRESH_LINES = 12  # new lines above the cursor after which the context is chosen again
 ANCHOR_CHARS = 400  # text before the line a context was chosen at, looked for in later prefixes
+SEARCH_CHARS_PER_LINE = 200  # how far back the anchor is looked for, per line typed since
+
+
+class ChosenContext(NamedTuple):
+    """The chunks retrieved for a document, and what they were chosen under."""
+
+    generation: int  # the repository's, outside the document, when they were chosen
+    anchor: str  # the text just before the line they were chosen at (its last ANCHOR_CHARS)
+    chunks: tuple
+
+    def serves(self, above: str, generation: int) -> bool:
+        """Whether these chunks serve a cursor below `above` (the text before its line): the same
+        repository, the anchor still above the cursor, and at most REFRESH_LINES lines typed
+        since. The anchor is the text just before the chosen line, so a client window that drops
+        lines at its front (llama.vim's 256 lines) keeps it, and an edit above the cursor loses it."""
+        if self.generation != generation:
+            return False
+        if not self.anchor:
+            return not above
+        reach = len(self.anchor) + SEARCH_CHARS_PER_LINE * REFRESH_LINES
+        at = above.rfind(self.anchor, max(0, len(above) - reach))
+        return at >= 0 and above.count("\n", at + len(self.anchor)) <= REFRESH_LINES
 
 
 class StableContext:
-    """document -> (repository generation, anchor text, retrieved chunks), an LRU of the latest documents."""
+    """document -> ChosenContext, an LRU of the latest documents."""
 
     def __init__(self, max_documents: int = 256):
-        self._chosen: OrderedDict = OrderedDict()  # document -> (key, chunks)
+        self._chosen: OrderedDict = OrderedDict()  # document -> ChosenContext
         self.max_documents = max_documents
         self._lock = threading.Lock()
 
     def chunks(self, index, options) -> tuple[tuple, float]:
         """((filename, text) chunks, retrieval ms) for the request's cursor; ms is 0 when reused."""
-        line_start = options.prefix.rfind("\n") + 1
+        above = options.prefix[: options.prefix.rfind("\n") + 1]
         path = index.relative(options.path) if options.path else None
         generation = index.retriever.generation(path)
         document = options.document if options.document is not None else path
         with self._lock:
             held = self._chosen.get(document)
-            if held is not None and _still_near(held, options.prefix[:line_start], generation):
+            if held is not None and held.serves(above, generation):
                 self._chosen.move_to_end(document)
-                return held[2], 0.0
+                return held.chunks, 0.0
         started = time.perf_counter()
-        found = index.retrieve(options.prefix[:line_start], options.suffix, path=path,
-                               budget_chars=int(CONTEXT_RESERVE_TOKENS * CHARS_PER_TOKEN))
+        found = index.retrieve(above, options.suffix, path=path, budget_chars=int(CONTEXT_RESERVE_TOKENS * CHARS_PER_TOKEN))
         chunks = tuple((c.path, c.text) for c in found)
         millis = (time.perf_counter() - started) * 1000
-        above = options.prefix[:line_start]
         with self._lock:
-            self._chosen[document] = (generation, above[-ANCHOR_CHARS:], chunks)
+            self._chosen[document] = ChosenContext(generation, above[-ANCHOR_CHARS:], chunks)
             self._chosen.move_to_end(document)
             while len(self._chosen) > self.max_documents:
                 self._chosen.popitem(last=False)
         return chunks, millis
-
-
-def _still_near(held: tuple, above: str, generation: int) -> bool:
-    """Whether a context chosen under held's anchor text serves a cursor below `above`: the same
-    repository, the anchor still above the cursor, and at most REFRESH_LINES lines typed since.
-    The anchor is the text just before the chosen line, so a client window that drops lines at
-    its front (llama.vim's 256 lines) keeps it, and an edit above the cursor loses it."""
-    held_generation, anchor, _ = held
-    if held_generation != generation:
-        return False
-    if not anchor:
-        return not above
-    at = above.rfind(anchor, max(0, len(above) - len(anchor) - 200 * REFRESH_LINES))
-    return at >= 0 and above.count("\n", at + len(anchor)) <= REFRESH_LINES
