@@ -131,8 +131,8 @@ class Typist:
         # What the user got at the pause: a short wait for an empty answer is no suggestion.
         answer = answer if isinstance(answer, dict) else {}
         self.stats["pause_tokens"].append(answer.get("timings/predicted_n", 0))
-        self.stats["pause_reasons"][answer.get("speculation/stop_reason", "none")] = \
-            self.stats["pause_reasons"].get(answer.get("speculation/stop_reason", "none"), 0) + 1
+        reason, reasons = answer.get("speculation/stop_reason", "none"), self.stats["pause_reasons"]
+        reasons[reason] = reasons.get(reason, 0) + 1
 
     async def drain(self) -> None:
         if self.in_flight is not None:

@@ -37,14 +37,13 @@ def step_ms(model, ids, context: int, new: int = 1) -> float:
 
 @torch.inference_mode()
 def batch_step_ms(model, ids, context: int, batch: int, new: int) -> float:
-    caches, tokens, positions, segments = [], [], [], []
+    tokens, positions, segments = [], [], []
     for b in range(batch):
         offset = (b * 97) % max(1, len(ids) - context - new)
         window = ids[offset : offset + context + new]
         cache = model.new_cache(context + new)
         model(window[:context], torch.arange(context), [Segment(cache, context)])
         cache.keep_all()
-        caches.append(cache)
         tokens.append(window[context:])
         positions.append(torch.arange(context, context + new))
         segments.append(Segment(cache, new))
