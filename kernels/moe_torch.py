@@ -30,14 +30,91 @@ def moe_route_torch(router_logits: torch.Tensor, top_k: int, renormalize: bool, 
 def fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
     """sum_a w[t, a] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with e = ids[t, a].
 
-    Tokens are grouped by expert so that every active expert runs one matmul over all its
-    tokens; experts with no tokens are skipped. x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I].
-    act: an ExpertActivation for expert biases and GPT-OSS's clamped SwiGLU (None: plain SwiGLU).
+    x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I]. act: an ExpertActivation for expert
+    biases and GPT-OSS's clamped SwiGLU (None: plain SwiGLU). On the CPU, inference runs every
+    expert in one grouped matmul per projection (grouped_moe), and one token its k experts in
+    turn; elsewhere, and when autograd records (the grouped matmul has no CPU backward), one
+    matmul per active expert.
     """
+    if x.shape[0] == 1 and not torch.compiler.is_compiling():
+        return _single_token(x, w_gate_up, w_down, topk_weights, topk_ids, act)
+    if x.device.type == "cpu" and not (torch.is_grad_enabled() and (x.requires_grad or w_gate_up.requires_grad)):
+        return grouped_moe(x, w_gate_up, w_down, topk_weights, topk_ids, act)
+    return _per_expert(x, w_gate_up, w_down, topk_weights, topk_ids, act)
+
+
+def _single_token(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
+    """Decode: one token, its top-k experts one after another (the grouped matmul would visit
+    every expert, most of them with no rows)."""
+    out = None
+    for expert, weight in zip(topk_ids[0].tolist(), topk_weights[0].to(x.dtype), strict=True):
+        y = _expert(x, w_gate_up, w_down, expert, act) * weight
+        out = y if out is None else out + y
+    return out
+
+
+def grouped_moe(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
+    """The MoE with no Python loop and no host sync: the (token, slot) pairs are sorted by
+    expert, each projection is ONE grouped matmul over the sorted rows (torch._grouped_mm, with
+    each expert's row range given as offsets), and each pair's output is written back to its
+    slot once, so no accumulating scatter. Every shape depends only on T, which lets a
+    compiled step (specdec/compiled.py) trace it."""
+    num_tokens, top_k = topk_ids.shape
+    flat_ids = topk_ids.reshape(-1)  # [T*A]
+    order = torch.argsort(flat_ids, stable=True)  # pairs sorted by expert
+    experts = torch.arange(w_gate_up.shape[0], device=x.device)
+    offsets = torch.cumsum((flat_ids[:, None] == experts).sum(0), 0, dtype=torch.int32)  # [E] row ends
+    rows = x[order // top_k]
+    y = _grouped_swiglu(rows, w_gate_up, w_down, offsets, flat_ids[order], act)
+    y = y * topk_weights.reshape(-1)[order, None].to(y.dtype)
+    per_pair = torch.empty_like(y).index_copy_(0, order, y)
+    return per_pair.view(num_tokens, top_k, -1).sum(dim=1)
+
+
+def _grouped_swiglu(rows, w_gate_up, w_down, offsets, row_experts, act):
+    """rows [R, H] sorted by expert -> [R, H]. Under torch.compile the same computation is an
+    opaque custom op: the grouped matmul's shape function accepts only bf16, though the CPU
+    kernel runs every dtype."""
+    bias_up = None if act is None else act.gate_up_bias
+    bias_down = None if act is None else act.down_bias
+    limit = None if act is None else act.limit
+    alpha = 1.702 if act is None else act.alpha
+    if torch.compiler.is_compiling():
+        return grouped_swiglu_op(rows, w_gate_up, w_down, offsets, row_experts, bias_up, bias_down, limit, alpha)
+    return _grouped_swiglu_eager(rows, w_gate_up, w_down, offsets, row_experts, bias_up, bias_down, limit, alpha)
+
+
+def _grouped_swiglu_eager(rows, w_gate_up, w_down, offsets, row_experts, bias_up, bias_down, limit, alpha):
+    h = torch._grouped_mm(rows, w_gate_up.transpose(-1, -2), offs=offsets)  # [R, 2I]
+    if bias_up is not None:
+        h = h + bias_up[row_experts]
+    gate, up = h.chunk(2, dim=-1)
+    if limit is None:
+        hidden = F.silu(gate) * up
+    else:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        hidden = (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    out = torch._grouped_mm(hidden, w_down.transpose(-1, -2), offs=offsets)  # [R, H]
+    return out if bias_down is None else out + bias_down[row_experts]
+
+
+@torch.library.custom_op("kernels::grouped_swiglu", mutates_args=())
+def grouped_swiglu_op(rows: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, offsets: torch.Tensor,
+                      row_experts: torch.Tensor, bias_up: torch.Tensor | None, bias_down: torch.Tensor | None,
+                      limit: float | None, alpha: float) -> torch.Tensor:
+    return _grouped_swiglu_eager(rows, w_gate_up, w_down, offsets, row_experts, bias_up, bias_down, limit, alpha)
+
+
+@grouped_swiglu_op.register_fake
+def _(rows, w_gate_up, w_down, offsets, row_experts, bias_up, bias_down, limit, alpha):
+    return rows.new_empty(rows.shape[0], w_down.shape[1])
+
+
+def _per_expert(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
+    """Tokens grouped by expert, one matmul per active expert over all its tokens (experts with
+    no tokens skipped): the path where the grouped matmul is unavailable, and for training."""
     num_tokens, top_k = topk_ids.shape
     num_experts = w_gate_up.shape[0]
-    if num_tokens == 1:
-        return _single_token(x, w_gate_up, w_down, topk_weights, topk_ids, act)
     flat_ids = topk_ids.reshape(-1)  # [T*A]
     order = torch.argsort(flat_ids, stable=True)  # (token, slot) pairs sorted by expert
     counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
@@ -54,15 +131,6 @@ def fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
         y = _expert(x[tokens], w_gate_up, w_down, expert, act)  # [c, H]
         per_pair.index_copy_(0, pairs, y * flat_weights[pairs, None])
     return per_pair.view(num_tokens, top_k, -1).sum(dim=1)
-
-
-def _single_token(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
-    """Decode fast path: one token, its top-k experts one after another (no sorting or scatter)."""
-    out = None
-    for expert, weight in zip(topk_ids[0].tolist(), topk_weights[0].to(x.dtype), strict=True):
-        y = _expert(x, w_gate_up, w_down, expert, act) * weight
-        out = y if out is None else out + y
-    return out
 
 
 class ExpertActivation:

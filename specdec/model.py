@@ -5,7 +5,9 @@ loading is a plain mapping. The forward takes a flat batch of new tokens from se
 (segments), each with its own KV cache and an optional tree mask.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +50,17 @@ def rms_norm(x, weight, eps: float, weight_in_fp32: bool = False):
     if weight_in_fp32:
         return (weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class Projection:
+    """A weight and bias applied as F.linear, held outside the state dict: the fused qkv and the
+    CPU's input-major copy of a tied lm_head. specdec/quantize.py swaps in int8 ones."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, x):
+        return F.linear(x, self.weight, self.bias)
 
 
 def input_major(weight: torch.Tensor) -> torch.Tensor:
@@ -101,7 +114,7 @@ class Attention(nn.Module):
         instead of two each: 6% of a decode step on the CPU, with the same results bit for bit)."""
         weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
         bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]) if self.cfg.attention_bias else None
-        self._qkv = (weight.detach(), None if bias is None else bias.detach())
+        self._qkv = Projection(weight.detach(), None if bias is None else bias.detach())
         if self.cfg.qk_norm:  # a plain tensor, not a parameter: it must not join the state dict
             self._qk_norm_weight = torch.cat([self.q_norm.weight.detach().expand(self.cfg.num_heads, -1),
                                               self.k_norm.weight.detach().expand(self.cfg.num_kv_heads, -1)])
@@ -111,7 +124,7 @@ class Attention(nn.Module):
         n, cfg = x.shape[0], self.cfg
         heads = cfg.num_heads + cfg.num_kv_heads
         if getattr(self, "_qkv", None) is not None:
-            qkv = F.linear(x, *self._qkv).view(n, heads + cfg.num_kv_heads, cfg.head_dim)
+            qkv = self._qkv(x).view(n, heads + cfg.num_kv_heads, cfg.head_dim)
             qk, v = qkv[:, :heads], qkv[:, heads:]
             if cfg.qk_norm:
                 qk = rms_norm(qk, self._qk_norm_weight, cfg.rms_norm_eps)
@@ -125,7 +138,16 @@ class Attention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x, cos, sin, segments, positions=None):
-        q, k, v = self._queries_keys_values(x, cos, sin)
+        return self.o_proj(self.attend(self.project(x, cos, sin), segments, positions))
+
+    def project(self, x, cos, sin):
+        """The per-token half, which a compiled step fuses with the layer around it: (q, k, v)."""
+        return self._queries_keys_values(x, cos, sin)
+
+    def attend(self, projected, segments, positions=None):
+        """The per-sequence half: each segment's keys and values into its cache, its queries
+        over its cache -> [N, Hq * D], before o_proj."""
+        q, k, v = projected
         sinks = getattr(self, "sinks", None)
         outputs, start = [], 0
         for seg in segments:
@@ -142,7 +164,7 @@ class Attention(nn.Module):
             )
             outputs.append(out[0].transpose(0, 1).reshape(seg.length, -1))
             start = end
-        return self.o_proj(outputs[0] if len(outputs) == 1 else torch.cat(outputs))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
 class LatentAttention(nn.Module):
@@ -172,6 +194,10 @@ class LatentAttention(nn.Module):
         self.scale = (nope + rope) ** -0.5 * logit_scale(cfg)
 
     def forward(self, x, cos, sin, segments, positions=None):
+        return self.o_proj(self.attend(self.project(x, cos, sin), segments, positions))
+
+    def project(self, x, cos, sin):
+        """(queries [N, Hq, r + R] in the latent space, keys [N, 1, r + R]: latent and rope key)."""
         cfg, n = self.cfg, x.shape[0]
         heads, nope, rope, r = cfg.num_heads, cfg.qk_nope_head_dim, cfg.head_dim, cfg.kv_lora_rank
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if cfg.q_lora_rank else self.q_proj(x)
@@ -181,8 +207,15 @@ class LatentAttention(nn.Module):
         q_pe = _rotate_pairs(q_pe, cos[:, None, :half], sin[:, None, :half])
         k_pe = _rotate_pairs(k_pe[:, None], cos[:, None, :half], sin[:, None, :half])
         keys = torch.cat([self.kv_a_layernorm(latent)[:, None], k_pe], dim=-1)  # [N, 1, r + R]
-        w_uk, w_uv = self.kv_b_proj.weight.view(heads, nope + cfg.v_head_dim, r).split([nope, cfg.v_head_dim], dim=1)
+        w_uk = self.kv_b_proj.weight.view(heads, nope + cfg.v_head_dim, r)[:, :nope]
         queries = torch.cat([torch.einsum("nhd,hdr->nhr", q_nope, w_uk), q_pe], dim=-1)  # [N, Hq, r + R]
+        return queries, keys
+
+    def attend(self, projected, segments, positions=None):
+        """The latents into each segment's cache, attention over them, out through W_uv -> [N, Hq * v]."""
+        queries, keys = projected
+        cfg, r = self.cfg, self.cfg.kv_lora_rank
+        w_uv = self.kv_b_proj.weight.view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, r)[:, cfg.qk_nope_head_dim :]
         outputs, start = [], 0
         for seg in segments:
             end = start + seg.length
@@ -193,7 +226,7 @@ class LatentAttention(nn.Module):
                                          scale=self.scale)  # [1, Hq, n, r]
             outputs.append(torch.einsum("hnr,hvr->nhv", out[0], w_uv).reshape(end - start, -1))
             start = end
-        return self.o_proj(outputs[0] if len(outputs) == 1 else torch.cat(outputs))
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
 def _rotate_pairs(x, cos, sin):
@@ -270,14 +303,19 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x):
         weights, ids = self.route(x)  # [N, A] each
-        out = kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
-                                act=self.activation())
+        if hasattr(self.experts, "run"):  # int8 experts (specdec/quantize.py)
+            out = self.experts.run(x, weights, ids, self.activation())
+        else:
+            out = kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
+                                    act=self.activation())
         return out + self.shared(x) if hasattr(self, "shared_expert") else out
 
     def route(self, x):
         """(weights, expert ids) [N, A] of each token, counted into the load statistics."""
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize, self.routing, self.groups)
-        self.last_routed = torch.bincount(ids.reshape(-1), minlength=self.tokens_per_expert.numel())
+        # A one-hot sum, not bincount: its shape does not depend on the ids, so it compiles.
+        experts = torch.arange(self.tokens_per_expert.numel(), device=ids.device)
+        self.last_routed = (ids.reshape(-1, 1) == experts).sum(0)
         self.tokens_per_expert += self.last_routed
         return (weights * self.routed_scale if self.routed_scale != 1.0 else weights), ids
 
@@ -303,8 +341,16 @@ class DecoderLayer(nn.Module):
         self.residual_multiplier = cfg.residual_multiplier
 
     def forward(self, x, cos, sin, segments, positions=None):
+        return self.post(x, self.self_attn.attend(self.pre(x, cos, sin), segments, positions))
+
+    def pre(self, x, cos, sin):
+        """Everything before attention reads the caches: per token, so it compiles."""
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def post(self, x, attended):
+        """Everything after: o_proj, residual, the MLP or the experts; per token as well."""
         scale = self.residual_multiplier
-        h = self.self_attn(self.input_layernorm(x), cos, sin, segments, positions)
+        h = self.self_attn.o_proj(attended)
         x = x + (h if scale == 1.0 else h * scale)
         h = self.mlp(self.post_attention_layernorm(x))
         return x + (h if scale == 1.0 else h * scale)
@@ -318,7 +364,46 @@ class DecoderStack(nn.Module):
         self.norm = norm_for(cfg, cfg.hidden_size)
 
 
+def _first(model, input_ids, positions):
+    """Embedding, RoPE angles and layer 0's projections -> (x, cos, sin, projected)."""
+    x = model.model.embed_tokens(input_ids)
+    if model.config.embedding_multiplier != 1.0:
+        x = x * model.config.embedding_multiplier
+    cos, sin = rope_cos_sin(positions, model.config.head_dim, model.config.rope_theta, x.dtype, model.rope_frequencies)
+    return x, cos, sin, model.model.layers[0].pre(x, cos, sin)
+
+
+def _seam(layer, next_layer, x, attended, cos, sin):
+    """From one layer's attention output to the next layer's projections -> (x, projected)."""
+    x = layer.post(x, attended)
+    return x, next_layer.pre(x, cos, sin)
+
+
+def _last(model, layer, x, attended, rows):
+    """The last layer's rest, the final norm and the logits (fp32) of `rows` (None: all)."""
+    x = layer.post(x, attended)
+    if rows is not None:
+        x = x[rows]
+    head = getattr(model, "_lm_head", None) or model.lm_head
+    logits = head(model.model.norm(x)).float()
+    return logits if model.config.logits_scaling == 1.0 else logits / model.config.logits_scaling
+
+
+class StepParts(NamedTuple):
+    """The per-token stretches of a forward, between the attentions that read each sequence's
+    cache: eager here, compiled by specdec/compiled.py (same functions, same signatures)."""
+
+    first: Callable
+    seam: Callable
+    last: Callable
+
+
+EAGER_STEP = StepParts(_first, _seam, _last)
+
+
 class Transformer(nn.Module):
+    step = EAGER_STEP  # an instance's own StepParts once compiled (specdec/compiled.py)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
@@ -339,19 +424,18 @@ class Transformer(nn.Module):
 
     def _input_major_weights(self) -> None:
         """On the CPU, the weights that widen (out > in) are stored input-major: MKL multiplies a
-        few rows by them faster that way (the narrowing down_proj is slower that way, and stays;
-        bench/bench_decode.py measures both). Same values and shapes, other strides; the Triton
-        kernels (CUDA) keep the checkpoint layout."""
+        few rows by them faster that way (the narrowing down_proj is slower that way, and stays).
+        Same values and shapes, other strides; the Triton kernels (CUDA) keep the checkpoint layout."""
         for module in self.modules():
             if isinstance(module, Attention):
-                module._qkv = (input_major(module._qkv[0]), module._qkv[1])
+                module._qkv = Projection(input_major(module._qkv.weight), module._qkv.bias)
             elif isinstance(module, SparseMoeBlock):
                 module.experts.gate_up_proj.data = input_major(module.experts.gate_up_proj.data)
             elif isinstance(module, DenseMLP):
                 for linear in (module.gate_proj, module.up_proj):
                     linear.weight.data = input_major(linear.weight.data)
         # Tied to the embedding, whose row lookups want the checkpoint layout: a copy of it.
-        self._lm_head_weight = input_major(self.lm_head.weight.detach())
+        self._lm_head = Projection(input_major(self.lm_head.weight.detach()))
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -385,22 +469,20 @@ class Transformer(nn.Module):
         """
         for seg in segments:
             seg.cache.reserve(seg.length)
-        x = self.model.embed_tokens(input_ids)
-        if self.config.embedding_multiplier != 1.0:
-            x = x * self.config.embedding_multiplier
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype, self.rope_frequencies)
+        step, layers = self.step, self.model.layers
+        x, cos, sin, projected = step.first(self, input_ids, positions)
         inputs = {}
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(layers):
             if i in self.capture_layers:  # an EAGLE-3 head reads these layers' inputs (all rows)
                 inputs[i] = x
-            x = layer(x, cos, sin, segments, positions)
+            attended = layer.self_attn.attend(projected, segments, positions)
+            if i + 1 < len(layers):
+                x, projected = step.seam(layer, layers[i + 1], x, attended, cos, sin)
         self.captured = torch.cat([inputs[i] for i in self.capture_layers], dim=-1) if inputs else None
-        if logits_rows is not None:
-            x = x[logits_rows]
-        weight = getattr(self, "_lm_head_weight", None)
-        x = self.model.norm(x)
-        logits = (self.lm_head(x) if weight is None else F.linear(x, weight)).float()
-        return logits if self.config.logits_scaling == 1.0 else logits / self.config.logits_scaling
+        rows = None if logits_rows is None else torch.as_tensor(logits_rows, dtype=torch.long, device=x.device)
+        if rows is not None and rows.numel() == 0:  # a shape of its own: no need to compile it
+            return EAGER_STEP.last(self, layers[-1], x, attended, rows)
+        return step.last(self, layers[-1], x, attended, rows)
 
     def logits(self, input_ids):
         """LongTensor [B, T] -> FloatTensor [B, T, vocab]; plain causal, no cache kept."""
