@@ -34,10 +34,13 @@ class ServeCommand:
         from server.settings import Settings
 
         settings = Settings.from_env(host=args.host, port=args.port, api_key=args.api_key, repo=args.repo,
-                                     target=args.target, draft=args.draft, fim_mode=args.fim_mode)
+                                     target=args.target, draft=args.draft, fim_mode=args.fim_mode,
+                                     quantize=args.quantize)
         if not args.expert_parallel:
-            # A FIM order the target's family lacks is refused here, as a CLI error, not in startup.
-            return serve(settings, load_engine(settings) if args.fim_mode else None)
+            # A FIM order the target's family lacks, or a quantization its device lacks, is
+            # refused here, as a CLI error, not in startup.
+            early = args.fim_mode or args.quantize != "none"
+            return serve(settings, load_engine(settings) if early else None)
         return _serve_expert_parallel(settings, args.expert_stats)
 
 
@@ -85,8 +88,9 @@ class LspCommand:
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol
         if args.tcp and not args.tcp.rpartition(":")[2].isdigit():
             raise ValueError(f"--tcp {args.tcp!r}: expected HOST:PORT")
-        return run(Engine.from_pretrained(args.target, args.draft, repo=args.repo, fim_mode=args.fim_mode), args.repo,
-                   args.tcp)
+        engine = Engine.from_pretrained(args.target, args.draft, repo=args.repo, fim_mode=args.fim_mode,
+                                        quantize=args.quantize)
+        return run(engine, args.repo, args.tcp)
 
 
 LSP = LspCommand()

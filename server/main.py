@@ -38,7 +38,7 @@ def load_engine(settings: Settings, target_model=None):
     from specdec import Engine
 
     return Engine.from_pretrained(settings.target, settings.draft, repo=settings.repo, target_model=target_model,
-                                  fim_mode=settings.fim_mode)
+                                  fim_mode=settings.fim_mode, quantize=settings.quantize)
 
 
 def create_app(settings: Settings, engine=None) -> FastAPI:

@@ -107,6 +107,9 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory, or an EAGLE-3 head's")
     parser.add_argument("--fim-mode", choices=("psm", "spm", "suffix_first"),
                         help="the FIM order (default: the target's config.json, else its family's own)")
+    parser.add_argument("--quantize", choices=("none", "int8"), default="none",
+                        help="int8: the target's weights in int8 on the CPU (a quarter of the bytes; the "
+                             "output is the quantized target's, still lossless to it)")
 
 
 def add_expert_parallel_arguments(parser) -> None:
@@ -151,7 +154,7 @@ def _complete_with(args, prefix: str, suffix: str, index, target_model) -> int:
 
     path = None
     engine = Engine.from_pretrained(args.target, args.draft, index, repo=args.repo, target_model=target_model,
-                                    fim_mode=args.fim_mode)
+                                    fim_mode=args.fim_mode, quantize=args.quantize)
     if engine.index is not None:
         try:
             path = engine.index.relative(args.file.resolve())

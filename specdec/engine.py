@@ -25,6 +25,7 @@ from specdec.loader import load_model
 from specdec.options import CompletionOptions
 from specdec.policy import PolicyBook
 from specdec.prompt_cache import PromptCache
+from specdec.quantize import quantize_target
 from specdec.retrieval import StableContext
 from specdec.scheduler import Scheduler
 
@@ -91,12 +92,14 @@ class Engine:
             self.warm_up()
 
     @classmethod
-    def from_pretrained(cls, target=None, draft=None, index=None, repo=None, target_model=None, **kwargs) -> "Engine":
+    def from_pretrained(cls, target=None, draft=None, index=None, repo=None, target_model=None, quantize: str = "none",
+                        **kwargs) -> "Engine":
         """None: the embedded defaults (target and draft model; the EAGLE-3 head in
         default_models/head is the other choice, as draft=) and no index; index: an Index or its directory.
         With no draft given, a draft adapted to `repo` (or to the saved index) is used when it fits
         the target (specdec.adapted); a draft given that was adapted against another target is refused.
-        target_model: the target already loaded from `target` (an expert-parallel shard)."""
+        target_model: the target already loaded from `target` (an expert-parallel shard).
+        quantize "int8": the target's weights in int8 (specdec.quantize; CPU, fp32 models)."""
         defaults = default_model_dir()
         target_dir = target or defaults / "target"
         index_dir = index if isinstance(index, (str, Path)) else None
@@ -104,6 +107,8 @@ class Engine:
         if draft is not None:
             check_fits(draft, target_dir)
         target_model = target_model or load_model(target_dir)
+        if quantize != "none":
+            quantize_target(target_model, quantize)
         draft_path = draft or (defaults / "draft" if target is None else None)
         if draft_path and is_eagle3(draft_path):  # recognised from its config
             kwargs["head"] = load_eagle3(draft_path, target_model, target_model.dtype)

@@ -1,0 +1,137 @@
+"""int8 weights for the CPU (`--quantize int8`): a quarter of fp32's bytes for a memory-bound step.
+
+Weights are int8 per output channel (absmax / 127). Activations are quantized per row, also
+absmax, and multiplied in integers (torch._int_mm, int32 accumulation), then scaled back:
+
+    y[r, n] = (xq[r] . wq[n]) * sx[r] * sw[n] + b[n]
+
+Because each row is quantized on its own and integer sums are exact, a row's output does not
+depend on which other rows share the matmul: a token verified in a tree of 16 gets the logits it
+would get decoded alone. Greedy speculation stays lossless to the quantized target, which is
+what an int8 server answers with. (Dynamic quantization that takes one scale over the whole
+batch, as fbgemm's quantized linear does, would make a token's logits depend on its neighbours.)
+
+Quantized: the attention projections, dense and expert MLPs, and the lm_head. Kept in fp32:
+embeddings, norms, the routers (an expert flip costs more than their few bytes save), and
+multi-head latent attention, whose up-projection is read as a matrix, not through a linear.
+"""
+
+import torch
+from torch import nn
+
+from specdec.model import Attention, DenseMLP, GeluMLP, Projection, SparseMoeBlock, Transformer
+
+QUANTIZATIONS = ("none", "int8")
+
+
+class Int8Weight:
+    """An [out, in] weight as int8 [in, out] (the layout torch._int_mm reads) with fp32 scales."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        weight = weight.detach().float()
+        self.scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127  # [out]
+        self.qweight = torch.round(weight / self.scale[:, None]).clamp(-127, 127).to(torch.int8).t().contiguous()
+        self.bias = None if bias is None else bias.detach().float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.apply(*quantize_rows(x))
+
+    def apply(self, xq: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+        """Rows already quantized (shared by the experts that read the same rows)."""
+        shape = xq.shape
+        y = torch._int_mm(xq.reshape(-1, shape[-1]), self.qweight) * (x_scale.reshape(-1, 1) * self.scale)
+        y = y.view(*shape[:-1], self.qweight.shape[1])
+        return y if self.bias is None else y + self.bias
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] fp32 -> (int8 [..., K], scale [..., 1]): each row by its own absmax."""
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127
+    return torch.round(x / scale).to(torch.int8), scale
+
+
+class Int8Linear(nn.Module):
+    """An nn.Linear's drop-in with int8 weights."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight_int8 = Int8Weight(linear.weight, linear.bias)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x):
+        return self.weight_int8(x)
+
+
+class Int8Experts(nn.Module):
+    """Stacked experts with int8 weights, one pair of Int8Weights per expert. Each token's rows
+    are quantized once and shared by its k experts' gate_up projections."""
+
+    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor):
+        super().__init__()
+        self.gate_up = [Int8Weight(w) for w in gate_up]
+        self.down = [Int8Weight(w) for w in down]
+
+    def run(self, x, topk_weights, topk_ids, act=None):
+        xq, x_scale = quantize_rows(x)
+        flat_ids = topk_ids.reshape(-1)
+        order = torch.argsort(flat_ids, stable=True)
+        counts = torch.bincount(flat_ids, minlength=len(self.gate_up)).tolist()
+        top_k = topk_ids.shape[1]
+        flat_weights = topk_weights.reshape(-1).to(x.dtype)
+        per_pair, start = x.new_empty(flat_ids.numel(), x.shape[1]), 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            pairs = order[start : start + count]
+            start += count
+            tokens = pairs // top_k
+            y = self._expert(expert, xq[tokens], x_scale[tokens], act)
+            per_pair.index_copy_(0, pairs, y * flat_weights[pairs, None])
+        return per_pair.view(x.shape[0], top_k, -1).sum(dim=1)
+
+    def _expert(self, expert: int, xq, x_scale, act):
+        h = self.gate_up[expert].apply(xq, x_scale)
+        if act is not None and act.gate_up_bias is not None:
+            h = h + act.gate_up_bias[expert]
+        gate, up = h.chunk(2, dim=-1)
+        if act is None or act.limit is None:
+            hidden = torch.nn.functional.silu(gate) * up
+        else:
+            gate, up = gate.clamp(max=act.limit), up.clamp(-act.limit, act.limit)
+            hidden = (up + 1) * (gate * torch.sigmoid(gate * act.alpha))
+        out = self.down[expert](hidden)
+        return out if act is None or act.down_bias is None else out + act.down_bias[expert]
+
+
+def quantize_int8(model: Transformer) -> Transformer:
+    """Quantize `model` in place (CPU, fp32 activations) and return it."""
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        raise ValueError(f"quantize int8 runs on the CPU in float32; this model is {model.dtype} on {model.device}")
+    for module in list(model.modules()):
+        if isinstance(module, Attention):
+            if getattr(module, "_qkv", None) is not None:
+                module._qkv = Int8Weight(module._qkv.weight, module._qkv.bias)
+            module.o_proj = Int8Linear(module.o_proj)
+        elif isinstance(module, DenseMLP):
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                setattr(module, name, Int8Linear(getattr(module, name)))
+        elif isinstance(module, GeluMLP):
+            module.c_fc, module.c_proj = Int8Linear(module.c_fc), Int8Linear(module.c_proj)
+        elif isinstance(module, SparseMoeBlock):
+            experts = module.experts
+            quantized = Int8Experts(experts.gate_up_proj, experts.down_proj)
+            for name in ("gate_up_proj_bias", "down_proj_bias"):  # GPT-OSS: activation() reads them
+                if hasattr(experts, name):
+                    quantized.register_buffer(name, getattr(experts, name).detach())
+            module.experts = quantized
+    head = getattr(model, "_lm_head", None)
+    model._lm_head = Int8Weight(head.weight if isinstance(head, Projection) else model.lm_head.weight)
+    model.quantization = "int8"
+    return model
+
+
+def quantize_target(model: Transformer, quantization: str) -> Transformer:
+    """The --quantize flag: "none" or "int8", refused with a message where it cannot run."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantize {quantization!r}: expected one of {', '.join(QUANTIZATIONS)}")
+    return quantize_int8(model) if quantization == "int8" else model
