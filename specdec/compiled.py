@@ -10,7 +10,8 @@ rest with the logits. Attention stays eager, since it loops over the batch's seq
 with its own cache and length; that keeps every compiled graph's shapes a function of the flat
 token count alone, whatever the batch is made of. The graphs are dynamic in that count, with
 one token specialised: a decode step, and everything else (trees, batches, prefill chunks).
-All layers share one graph: their parameters are the graph's inputs.
+All layers share one graph: their parameters are the graph's inputs. A compiled step records
+no expert statistics (expert_load, experts_woken), which are Python-side bookkeeping.
 
 Warm-up traces those shapes once. Inductor caches its generated code on disk (the FX graph
 and AOT caches, under SPECDEC_COMPILE_CACHE or the user's cache directory), so a later start

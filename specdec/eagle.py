@@ -29,7 +29,8 @@ from torch import nn
 
 from specdec.config import ConfigError
 from specdec.kvcache import KVCache
-from specdec.model import RMSNorm, apply_rope, rope_cos_sin
+from specdec.model import RMSNorm
+from specdec.ops import apply_rope, rope_cos_sin
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 

@@ -16,6 +16,7 @@ from torch import nn
 import kernels
 from specdec.config import ModelConfig
 from specdec.kvcache import KVCache
+from specdec.ops import Projection, apply_rope, half_swap, input_major, rms_norm, rope_cos_sin, rotate_pairs
 from specdec.rope import logit_scale, rope_frequencies
 
 # N = new tokens in the flat batch, H = hidden, Hq/Hkv = heads, D = head dim, E = experts
@@ -38,57 +39,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         return rms_norm(x, self.weight, self.eps, self.weight_in_fp32)
-
-
-def rms_norm(x, weight, eps: float, weight_in_fp32: bool = False):
-    # Normalised in fp32 as the reference implementations do, so that bf16/fp16 agree with
-    # them; GPT-OSS also multiplies by the weight before casting back (weight_in_fp32).
-    # (F.rms_norm is one op, but slower than these five on the few rows of a CPU decode step.)
-    if x.dtype == torch.float32:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-    x32 = x.float()
-    if weight_in_fp32:
-        return (weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-class Projection:
-    """A weight and bias applied as F.linear, held outside the state dict: the fused qkv and the
-    CPU's input-major copy of a tied lm_head. specdec/quantize.py swaps in int8 ones."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight, bias
-
-    def __call__(self, x):
-        return F.linear(x, self.weight, self.bias)
-
-
-def input_major(weight: torch.Tensor) -> torch.Tensor:
-    """weight [..., out, in] with the same values, stored as [..., in, out] (a transposed view)."""
-    return weight.transpose(-1, -2).contiguous().transpose(-1, -2)
-
-
-def rope_cos_sin(positions, head_dim: int, theta: float, dtype, frequencies=None):
-    """cos, sin [N, D] for rotate-half RoPE at the given positions; frequencies: (inv_freq [D/2],
-    attention factor) of a scaled RoPE (specdec.rope), else plain RoPE at `theta`."""
-    if frequencies is None:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
-        factor = 1.0
-    else:
-        inv_freq, factor = frequencies
-        inv_freq = inv_freq.to(positions.device)
-    freqs = positions.float()[:, None] * inv_freq[None]  # [N, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    if factor == 1.0:
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-    return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
-
-
-def apply_rope(x, cos, sin):
-    """x [N, heads, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
 
 
 class Attention(nn.Module):
@@ -204,8 +154,8 @@ class LatentAttention(nn.Module):
         q_nope, q_pe = q.view(n, heads, nope + rope).split([nope, rope], dim=-1)
         latent, k_pe = self.kv_a_proj_with_mqa(x).split([r, rope], dim=-1)
         half = rope // 2
-        q_pe = _rotate_pairs(q_pe, cos[:, None, :half], sin[:, None, :half])
-        k_pe = _rotate_pairs(k_pe[:, None], cos[:, None, :half], sin[:, None, :half])
+        q_pe = rotate_pairs(q_pe, cos[:, None, :half], sin[:, None, :half])
+        k_pe = rotate_pairs(k_pe[:, None], cos[:, None, :half], sin[:, None, :half])
         keys = torch.cat([self.kv_a_layernorm(latent)[:, None], k_pe], dim=-1)  # [N, 1, r + R]
         w_uk = self.kv_b_proj.weight.view(heads, nope + cfg.v_head_dim, r)[:, :nope]
         queries = torch.cat([torch.einsum("nhd,hdr->nhr", q_nope, w_uk), q_pe], dim=-1)  # [N, Hq, r + R]
@@ -227,12 +177,6 @@ class LatentAttention(nn.Module):
             outputs.append(torch.einsum("hnr,hvr->nhv", out[0], w_uv).reshape(end - start, -1))
             start = end
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-
-
-def _rotate_pairs(x, cos, sin):
-    """RoPE on consecutive pairs (x[2i], x[2i+1]) by angle i; cos, sin [N, 1, D/2]."""
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
 
 class GeluMLP(nn.Module):
@@ -287,7 +231,10 @@ class SparseMoeBlock(nn.Module):
         self.swiglu = (cfg.swiglu_limit, cfg.swiglu_alpha)
         # Tokens routed to each expert since the last reset, for load-imbalance reports.
         self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts, dtype=torch.long), persistent=False)
-        self.last_routed = None  # [E] tokens per expert in the latest forward (read after it, no sync inside)
+        # Each forward's expert ids [N, A], kept as they are and counted only when read: counting
+        # in every forward cost a few ops a layer, a few percent of a CPU decode step.
+        self.latest_ids = self.filed_ids = None
+        self.uncounted_ids: list = []
         if cfg.shared_expert_size:  # Qwen2-MoE, DeepSeek: every token also goes through a dense expert
             self.shared_expert = DenseMLP(cfg.hidden_size, cfg.shared_expert_size)
             if cfg.shared_expert_gated:  # Qwen2-MoE's sigmoid gate
@@ -313,11 +260,16 @@ class SparseMoeBlock(nn.Module):
     def route(self, x):
         """(weights, expert ids) [N, A] of each token, counted into the load statistics."""
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize, self.routing, self.groups)
-        # A one-hot sum, not bincount: its shape does not depend on the ids, so it compiles.
-        experts = torch.arange(self.tokens_per_expert.numel(), device=ids.device)
-        self.last_routed = (ids.reshape(-1, 1) == experts).sum(0)
-        self.tokens_per_expert += self.last_routed
+        if not torch.compiler.is_compiling():  # a compiled step keeps no statistics (specdec/compiled.py)
+            self.latest_ids = ids  # Transformer.forward files it into uncounted_ids
         return (weights * self.routed_scale if self.routed_scale != 1.0 else weights), ids
+
+    def count_routed(self) -> None:
+        """Fold the ids kept since the last count into tokens_per_expert."""
+        if self.uncounted_ids:
+            ids = torch.cat([i.reshape(-1) for i in self.uncounted_ids])
+            self.tokens_per_expert += torch.bincount(ids, minlength=self.tokens_per_expert.numel())
+            self.uncounted_ids = []
 
     def shared(self, x):
         """The shared expert's share (call only when there is one)."""
@@ -421,6 +373,9 @@ class Transformer(nn.Module):
                 module.fuse()
         if self.device.type == "cpu":
             self._input_major_weights()
+        # RoPE's half swap made now, outside any compiled step (which must only read it) and any
+        # inference-mode forward (whose tensors autograd refuses).
+        half_swap(self.config.head_dim, self.dtype, self.device)
 
     def _input_major_weights(self) -> None:
         """On the CPU, the weights that widen (out > in) are stored input-major: MKL multiplies a
@@ -480,9 +435,10 @@ class Transformer(nn.Module):
                 x, projected = step.seam(layer, layers[i + 1], x, attended, cos, sin)
         self.captured = torch.cat([inputs[i] for i in self.capture_layers], dim=-1) if inputs else None
         rows = None if logits_rows is None else torch.as_tensor(logits_rows, dtype=torch.long, device=x.device)
-        if rows is not None and rows.numel() == 0:  # a shape of its own: no need to compile it
-            return EAGER_STEP.last(self, layers[-1], x, attended, rows)
-        return step.last(self, layers[-1], x, attended, rows)
+        last = EAGER_STEP.last if rows is not None and rows.numel() == 0 else step.last  # no need to compile 0 rows
+        logits = last(self, layers[-1], x, attended, rows)
+        self._file_routed_ids()
+        return logits
 
     def logits(self, input_ids):
         """LongTensor [B, T] -> FloatTensor [B, T, vocab]; plain causal, no cache kept."""
@@ -491,20 +447,41 @@ class Transformer(nn.Module):
         positions = torch.arange(length, device=input_ids.device).repeat(batch)
         return self(input_ids.reshape(-1), positions, segments).view(batch, length, -1)
 
+    def moe_blocks(self) -> list:
+        blocks = self.__dict__.get("_moe_blocks")
+        if blocks is None:
+            blocks = self.__dict__["_moe_blocks"] = [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
+        return blocks
+
+    def _file_routed_ids(self, limit: int = 32) -> None:
+        for block in self.moe_blocks():
+            if block.latest_ids is None or block.latest_ids is block.filed_ids:
+                continue
+            block.uncounted_ids.append(block.latest_ids)
+            block.filed_ids = block.latest_ids
+            if len(block.uncounted_ids) >= limit:
+                block.count_routed()
+
     def expert_load(self) -> torch.Tensor:
         """[num_moe_layers, E] tokens routed to each expert since the last reset."""
-        blocks = [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
+        blocks = self.moe_blocks()
         if not blocks:
             return torch.zeros(0, 0, dtype=torch.long)
+        for block in blocks:
+            block.count_routed()
         return torch.stack([b.tokens_per_expert for b in blocks])
 
     def experts_woken(self) -> int:
         """Distinct experts the latest forward ran, summed over the MoE layers (what a verify
         pass costs on a memory-bound device: each woken expert's weights are read once)."""
-        routed = [m.last_routed for m in self.modules() if isinstance(m, SparseMoeBlock) and m.last_routed is not None]
-        return int(sum((r > 0).sum() for r in routed)) if routed else 0
+        latest = [b.latest_ids for b in self.moe_blocks() if b.latest_ids is not None]
+        if not latest:
+            return 0
+        ids = torch.stack([i.reshape(-1) for i in latest])  # [layers, N*A]: every layer ran the same tokens
+        woken = torch.zeros(ids.shape[0], self.config.num_experts, dtype=torch.bool, device=ids.device)
+        return int(woken.scatter_(1, ids, True).sum())
 
     def reset_expert_load(self) -> None:
-        for m in self.modules():
-            if isinstance(m, SparseMoeBlock):
-                m.tokens_per_expert.zero_()
+        for block in self.moe_blocks():
+            block.latest_ids, block.uncounted_ids = None, []
+            block.tokens_per_expert.zero_()

@@ -19,7 +19,8 @@ multi-head latent attention, whose up-projection is read as a matrix, not throug
 import torch
 from torch import nn
 
-from specdec.model import Attention, DenseMLP, GeluMLP, Projection, SparseMoeBlock, Transformer
+from specdec.model import Attention, DenseMLP, GeluMLP, SparseMoeBlock, Transformer
+from specdec.ops import Projection
 
 QUANTIZATIONS = ("none", "int8")
 

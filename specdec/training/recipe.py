@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec.config import ModelConfig
-from specdec.model import SparseMoeBlock, Transformer, apply_rope, rope_cos_sin
+from specdec.model import SparseMoeBlock, Transformer
+from specdec.ops import apply_rope, rope_cos_sin
 
 VOCAB_SIZE = 8192
 CONTEXT = 2048

@@ -1,0 +1,81 @@
+"""The small numerical pieces the model's layers share: RMSNorm's arithmetic, RoPE, and
+projections held outside the state dict."""
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x, weight, eps: float, weight_in_fp32: bool = False):
+    # Normalised in fp32 as the reference implementations do, so that bf16/fp16 agree with
+    # them; GPT-OSS also multiplies by the weight before casting back (weight_in_fp32).
+    # In fp32, F.rms_norm is one op for the five written out below (a per-head weight, as the
+    # fused query-key norm has, is multiplied after).
+    if x.dtype == torch.float32:
+        if weight.dim() == 1:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
+    x32 = x.float()
+    if weight_in_fp32:
+        return (weight.float() * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class Projection:
+    """A weight and bias applied as F.linear, held outside the state dict: the fused qkv and the
+    CPU's input-major copy of a tied lm_head. specdec/quantize.py swaps in int8 ones."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+def input_major(weight: torch.Tensor) -> torch.Tensor:
+    """weight [..., out, in] with the same values, stored as [..., in, out] (a transposed view)."""
+    return weight.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def rope_cos_sin(positions, head_dim: int, theta: float, dtype, frequencies=None):
+    """cos, sin [N, D] for rotate-half RoPE at the given positions; frequencies: (inv_freq [D/2],
+    attention factor) of a scaled RoPE (specdec.rope), else plain RoPE at `theta`."""
+    if frequencies is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+        factor = 1.0
+    else:
+        inv_freq, factor = frequencies
+        inv_freq = inv_freq.to(positions.device)
+    freqs = positions.float()[:, None] * inv_freq[None]  # [N, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    if factor == 1.0:
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """x [N, heads, D]. The rotation's half swap with a sign, (-x2, x1), is one matmul by a
+    signed permutation (exact: one nonzero term a sum), where slicing, negating and
+    concatenating took four ops."""
+    return x * cos[:, None] + (x @ half_swap(x.shape[-1], x.dtype, x.device)) * sin[:, None]
+
+
+_HALF_SWAPS: dict = {}
+
+
+def half_swap(dim: int, dtype, device) -> torch.Tensor:
+    key = (dim, dtype, device)
+    swap = _HALF_SWAPS.get(key)
+    if swap is None:
+        with torch.inference_mode(False):  # a plain tensor: training reads it under autograd
+            half, rows = dim // 2, torch.arange(dim // 2)
+            swap = torch.zeros(dim, dim)
+            swap[rows + half, rows] = -1.0  # output i < half takes -x[i + half]
+            swap[rows, rows + half] = 1.0  # output i >= half takes x[i - half]
+            swap = _HALF_SWAPS[key] = swap.to(dtype=dtype, device=device)
+    return swap
+
+
+def rotate_pairs(x, cos, sin):
+    """RoPE on consecutive pairs (x[2i], x[2i+1]) by angle i; cos, sin [N, 1, D/2]."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
