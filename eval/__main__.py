@@ -26,6 +26,8 @@ def main(argv=None) -> int:
     r.add_argument("--max-tokens", type=int, default=64)
     r.add_argument("--target", type=Path)
     r.add_argument("--draft", type=Path)
+    r.add_argument("--quantize", choices=("none", "int8", "auto"), default="none",
+                   help="the target's weights as `specdec serve --quantize` takes them")
     r.add_argument("--drafts", default="", metavar="LABEL=DIR,...",
                    help="other drafts for the same target: their draft and hybrid run as draft+LABEL, hybrid+LABEL")
     r.add_argument("--held-out-of", type=Path, metavar="DRAFT_DIR",
@@ -67,7 +69,8 @@ def _run(args, argv) -> int:
     if not points:
         raise ValueError(f"{args.repo}: no source files to sample completion points from")
     index = Index.build(args.repo)
-    engine = Engine.from_pretrained(args.target, args.draft, index, adaptive=not args.always_speculate)
+    engine = Engine.from_pretrained(args.target, args.draft, index, adaptive=not args.always_speculate,
+                                    quantize=args.quantize)
     baselines = None
     if args.baselines:
         from eval.baselines import HFBaselines
@@ -75,7 +78,7 @@ def _run(args, argv) -> int:
         baselines = HFBaselines(args.target or default_model_dir() / "target",
                                 args.draft or (default_model_dir() / "draft" if args.target is None else None))
     drafts = {label: _same_costs(Engine.from_pretrained(args.target, path, index, adaptive=engine.adaptive,
-                                                        warm_up=False), engine)
+                                                        warm_up=False, quantize=args.quantize), engine)
               for label, path in _drafts(args.drafts).items()}
     records = run_points(engine, index, points, strategies, args.max_tokens, args.seed, baselines=baselines,
                          typing_along=args.typing_along, contexts=contexts, drafts=drafts)
@@ -84,6 +87,7 @@ def _run(args, argv) -> int:
                "drafts": {label: _model_label(e.draft) for label, e in drafts.items()},
                "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
                "adaptive": engine.adaptive, "typing_along": args.typing_along,
+               "quantize": getattr(engine.target, "quantization", "none"),
                "strategies": summarize(records), "expert_load": expert_load_summary(engine)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
