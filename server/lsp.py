@@ -142,6 +142,9 @@ async def _complete(ls: CompletionServer, params: types.InlineCompletionParams):
         return None  # typed on since: an automatic suggestion for an old state is not shown
     if not result.text:
         return types.InlineCompletionList(items=[])
+    if selected is not None:  # LSP 3.18: the item must extend the selected text, over the same range
+        return types.InlineCompletionList(items=[types.InlineCompletionItem(
+            insert_text=selected.text + result.text, range=selected.range, filter_text=selected.text)])
     item = types.InlineCompletionItem(insert_text=result.text, range=types.Range(start=position, end=position))
     return types.InlineCompletionList(items=[item])
 

@@ -106,3 +106,19 @@ async def test_configuration_change_limits_the_completion(client: LanguageClient
     result = await client.text_document_inline_completion_async(
         _request(6, 4, kind=types.InlineCompletionTriggerKind.Automatic))
     assert result is None or all(len(item.insert_text) <= 24 for item in result.items)  # one token at most
+
+
+@pytest.mark.asyncio
+async def test_a_selected_completion_is_extended_over_its_range(client: LanguageClient):
+    """LSP 3.18: with the completion widget showing an item, the inline items must extend that
+    item's text and use its range; the engine completes as if the item were already typed."""
+    _open(client, text=OPEN_TEXT + "store.pu")
+    selected_range = types.Range(start=types.Position(line=6, character=10), end=types.Position(line=6, character=12))
+    params = _request(6, 12)
+    params.context.selected_completion_info = types.SelectedCompletionInfo(range=selected_range, text="put_item")
+    result = await client.text_document_inline_completion_async(params)
+    assert isinstance(result, types.InlineCompletionList) and len(result.items) == 1  # "(" at least follows
+    for item in result.items:
+        assert item.insert_text.startswith("put_item") and len(item.insert_text) > len("put_item")
+        assert item.range == selected_range
+        assert item.filter_text == "put_item"
