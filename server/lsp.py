@@ -32,6 +32,8 @@ class LspSettings:
     strategy: str = "hybrid"
     max_tokens: int = 64  # Automatic requests; Invoked ones get twice as many
     time_budget_ms: float | None = 1000.0
+    target: str | None = None  # model directories; None: those the server was started with
+    draft: str | None = None
 
     def updated(self, values) -> "LspSettings":
         values = (values or {}).get("specdec", values or {}) if isinstance(values, dict) else {}
@@ -42,6 +44,9 @@ class LspSettings:
             changes["max_tokens"] = values["maxTokens"]
         if isinstance(values.get("timeBudgetMs"), (int, float)) and values["timeBudgetMs"] > 0:
             changes["time_budget_ms"] = float(values["timeBudgetMs"])
+        for name in ("target", "draft"):
+            if isinstance(values.get(name), str) and values[name]:
+                changes[name] = values[name]
         return replace(self, **changes)
 
 
@@ -50,7 +55,17 @@ class CompletionServer(LanguageServer):
         super().__init__("specdec", "0.2")
         self.engine, self.repo = engine, repo
         self.settings = LspSettings()
+        self.models: tuple = (None, None)  # (target, draft) the engine was loaded with; None: the CLI's
         self.root: Path | None = Path(repo).resolve() if repo else None
+
+    def apply(self, settings: LspSettings) -> None:
+        """New settings; models named that differ from the engine's load in the background, and
+        completions go on with the current engine until they are ready."""
+        self.settings = settings
+        wanted = (settings.target, settings.draft)
+        if any(wanted) and wanted != self.models:
+            self.models = wanted
+            threading.Thread(target=_reload_models, args=(self, *wanted), daemon=True, name="lsp-models").start()
 
     def relative(self, uri: str) -> str | None:
         """The document's repository-relative path, or None outside the indexed root."""
@@ -71,7 +86,7 @@ def build_server(engine, repo: Path | None = None) -> CompletionServer:
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: CompletionServer, params: types.InitializeParams):
-        ls.settings = ls.settings.updated(params.initialization_options)
+        ls.apply(ls.settings.updated(params.initialization_options))
         if ls.root is None:
             folders = params.workspace_folders or []
             uri = folders[0].uri if folders else params.root_uri
@@ -85,7 +100,7 @@ def build_server(engine, repo: Path | None = None) -> CompletionServer:
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def configuration(ls: CompletionServer, params: types.DidChangeConfigurationParams):
-        ls.settings = ls.settings.updated(params.settings)
+        ls.apply(ls.settings.updated(params.settings))
         ls.log(f"settings: {ls.settings}")
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
@@ -149,6 +164,32 @@ async def _complete(ls: CompletionServer, params: types.InlineCompletionParams):
     return types.InlineCompletionList(items=[item])
 
 
+def _reload_models(ls: CompletionServer, target: str | None, draft: str | None) -> None:
+    from specdec import Engine
+
+    try:
+        engine = Engine.from_pretrained(Path(target) if target else None, Path(draft) if draft else None,
+                                        index=ls.engine.index, repo=ls.root)
+        engine.start()
+    except Exception as err:  # a wrong path or a broken checkpoint: say so, keep serving
+        ls.log(f"models target={target} draft={draft} not loaded, the current ones stay: {err}",
+               types.MessageType.Error)
+        return
+    old, ls.engine = ls.engine, engine
+    if engine.index is None:  # indexed meanwhile, into the engine that was current then
+        engine.index = old.index
+    ls.log(f"models loaded: target={target or 'default'} draft={draft or 'default'}")
+    _stop_when_idle(old)
+
+
+def _stop_when_idle(engine, seconds: float = 30.0) -> None:
+    """Stop a replaced engine once the requests it still holds are done (at most `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while engine.queue_depth() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    engine.stop()
+
+
 def _into_index(ls: CompletionServer, uri: str) -> None:
     index, rel = ls.engine.index, ls.relative(uri)
     document = ls.workspace.text_documents.get(unquote(uri))
@@ -192,4 +233,5 @@ def run(engine, repo: Path | None = None, tcp: str | None = None) -> int:
             server.start_io()
     finally:
         engine.stop()
+        server.engine.stop()  # the one that replaced it, if settings named other models (stop is idempotent)
     return 0

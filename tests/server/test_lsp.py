@@ -122,3 +122,30 @@ async def test_a_selected_completion_is_extended_over_its_range(client: Language
         assert item.insert_text.startswith("put_item") and len(item.insert_text) > len("put_item")
         assert item.range == selected_range
         assert item.filter_text == "put_item"
+
+
+async def _logged(client: LanguageClient, fragment: str, seconds: float = 60) -> types.LogMessageParams:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        for message in client.log_messages:
+            if fragment in message.message:
+                return message
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no log message with {fragment!r}: {[m.message for m in client.log_messages]}")
+
+
+@pytest.mark.asyncio
+async def test_models_named_in_the_configuration_are_loaded_and_a_bad_one_is_reported(client: LanguageClient):
+    from specdec import default_model_dir
+
+    _open(client)
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"specdec": {"target": str(REPO / "no-such-model")}}))
+    error = await _logged(client, "not loaded")
+    assert error.type == types.MessageType.Error
+    assert isinstance(await client.text_document_inline_completion_async(_request(6, 4)), types.InlineCompletionList)
+    models = default_model_dir()
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"specdec": {"target": str(models / "target"), "draft": str(models / "draft")}}))
+    await _logged(client, "models loaded")
+    assert isinstance(await client.text_document_inline_completion_async(_request(6, 4)), types.InlineCompletionList)
