@@ -42,6 +42,19 @@ class Prompt:
     context_tokens: int = 0
 
 
+def token_texts(tokenizer) -> list[str]:
+    """Each token's text as it reads after other text. A sentencepiece decoder drops the space
+    of a text's first word (`▁return` alone decodes to `return`), which healing must keep: each
+    token is decoded after an anchor token, and the anchor's own text is cut off. (A byte-level
+    BPE decodes the same either way.)"""
+    anchor = tokenizer.encode("a", add_special_tokens=False).ids[-1:]
+    head = tokenizer.decode(anchor, skip_special_tokens=False)
+    size = tokenizer.get_vocab_size()
+    after = tokenizer.decode_batch([anchor + [i] for i in range(size)], skip_special_tokens=False)
+    return [text[len(head):] if text.startswith(head) else tokenizer.decode([i], skip_special_tokens=False)
+            for i, text in enumerate(after)]
+
+
 class PromptBuilder:
     def __init__(self, tokenizer, fim_mode: str | None = "spm", max_tokens: int = MAX_CONTEXT_TOKENS,
                  fim_format: FimFormat | None = None):
@@ -58,7 +71,7 @@ class PromptBuilder:
         self.special = {t: i for t, i in ids.items() if i is not None}  # the format's optional ones may be absent
         if self.format.eot[0] not in self.special:
             raise PromptError(f"tokenizer lacks the special tokens {[self.format.eot[0]]}")
-        self.vocab_text = [tokenizer.decode([i], skip_special_tokens=False) for i in range(tokenizer.get_vocab_size())]
+        self.vocab_text = token_texts(tokenizer)
         self.stop_ids = set(self.special.values())  # every special token of the format ends a completion
         # Token texts in sorted order: the tokens that start with a text form one range of it.
         ranked = sorted((t, i) for i, t in enumerate(self.vocab_text) if i not in self.stop_ids)

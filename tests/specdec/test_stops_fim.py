@@ -207,3 +207,19 @@ def test_codellama_prompts_follow_metas_reference_format():
                    *tokenizer.encode(prefix, add_special_tokens=False).ids]
     with_context = PromptBuilder(tokenizer, None).build(prefix, suffix, extra=[("util.py", "x = 1")], heal=False).ids
     assert with_context[0] == ids["<s>"] and tokenizer.decode(with_context[1:12]).startswith("# util.py")
+
+
+def test_healing_with_sentencepiece_tokens_keeps_the_space_before_the_word():
+    """A sentencepiece decoder drops the space of a text's first word (`▁return` alone decodes to
+    `return`): healing must spell the tokens it takes out as they read after other text, or the
+    prompt loses the space before the word being typed and the completion doubles or drops it."""
+    tokenizer = _sentencepiece_tokenizer()
+    builder = PromptBuilder(tokenizer, "psm")
+    prefix = "def total(rows):\n    retu"
+    prompt = builder.build(prefix, "", heal=True)
+    assert prompt.healed_text.endswith("retu")
+    kept = prompt.ids[2 : prompt.ids.index(tokenizer.token_to_id("▁<SUF>"))]  # after <s> ▁<PRE>
+    assert tokenizer.decode(kept) + prompt.healed_text == prefix
+    assert prompt.allowed_first
+    assert all(builder.vocab_text[i].startswith(prompt.healed_text) for i in prompt.allowed_first)
+    assert tokenizer.token_to_id("▁return") is None or tokenizer.token_to_id("▁return") in prompt.allowed_first
