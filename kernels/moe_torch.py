@@ -37,20 +37,42 @@ def fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
     matmul per active expert.
     """
     if x.shape[0] == 1 and not torch.compiler.is_compiling():
-        return _single_token(x, w_gate_up, w_down, topk_weights, topk_ids, act)
+        return sum_over_slots(x, topk_weights, topk_ids, lambda rows, e: _expert(x, w_gate_up, w_down, e, act))
     if x.device.type == "cpu" and not (torch.is_grad_enabled() and (x.requires_grad or w_gate_up.requires_grad)):
         return grouped_moe(x, w_gate_up, w_down, topk_weights, topk_ids, act)
     return _per_expert(x, w_gate_up, w_down, topk_weights, topk_ids, act)
 
 
-def _single_token(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
+def sum_over_slots(x, topk_weights, topk_ids, run_expert):
     """Decode: one token, its top-k experts one after another (the grouped matmul would visit
-    every expert, most of them with no rows)."""
+    every expert, most of them with no rows). run_expert(rows, expert) -> [1, H], rows None:
+    the token itself."""
     out = None
     for expert, weight in zip(topk_ids[0].tolist(), topk_weights[0].to(x.dtype), strict=True):
-        y = _expert(x, w_gate_up, w_down, expert, act) * weight
+        y = run_expert(None, expert) * weight
         out = y if out is None else out + y
     return out
+
+
+def sum_over_experts(x, topk_weights, topk_ids, num_experts: int, run_expert):
+    """Tokens grouped by expert, run_expert(rows, expert) -> [len(rows), H] once per active
+    expert over all its tokens (rows: their indices in x; experts with no tokens skipped)."""
+    num_tokens, top_k = topk_ids.shape
+    flat_ids = topk_ids.reshape(-1)  # [T*A]
+    order = torch.argsort(flat_ids, stable=True)  # (token, slot) pairs sorted by expert
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    flat_weights = topk_weights.reshape(-1).to(x.dtype)
+    # One row per (token, slot) pair: each pair is written once, so no accumulating scatter.
+    per_pair = x.new_empty(num_tokens * top_k, x.shape[1])
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        pairs = order[start : start + count]
+        start += count
+        y = run_expert(pairs // top_k, expert)  # [c, H]
+        per_pair.index_copy_(0, pairs, y * flat_weights[pairs, None])
+    return per_pair.view(num_tokens, top_k, -1).sum(dim=1)
 
 
 def grouped_moe(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
@@ -88,12 +110,7 @@ def _grouped_swiglu_eager(rows, w_gate_up, w_down, offsets, row_experts, bias_up
     h = torch._grouped_mm(rows, w_gate_up.transpose(-1, -2), offs=offsets)  # [R, 2I]
     if bias_up is not None:
         h = h + bias_up[row_experts]
-    gate, up = h.chunk(2, dim=-1)
-    if limit is None:
-        hidden = F.silu(gate) * up
-    else:
-        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-        hidden = (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    hidden = swiglu(h, limit, alpha)
     out = torch._grouped_mm(hidden, w_down.transpose(-1, -2), offs=offsets)  # [R, H]
     return out if bias_down is None else out + bias_down[row_experts]
 
@@ -111,26 +128,9 @@ def _(rows, w_gate_up, w_down, offsets, row_experts, bias_up, bias_down, limit, 
 
 
 def _per_expert(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
-    """Tokens grouped by expert, one matmul per active expert over all its tokens (experts with
-    no tokens skipped): the path where the grouped matmul is unavailable, and for training."""
-    num_tokens, top_k = topk_ids.shape
-    num_experts = w_gate_up.shape[0]
-    flat_ids = topk_ids.reshape(-1)  # [T*A]
-    order = torch.argsort(flat_ids, stable=True)  # (token, slot) pairs sorted by expert
-    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
-    flat_weights = topk_weights.reshape(-1).to(x.dtype)
-    # One row per (token, slot) pair: each pair is written once, so no accumulating scatter.
-    per_pair = x.new_empty(num_tokens * top_k, x.shape[1])
-    start = 0
-    for expert, count in enumerate(counts):
-        if count == 0:
-            continue
-        pairs = order[start : start + count]
-        start += count
-        tokens = pairs // top_k
-        y = _expert(x[tokens], w_gate_up, w_down, expert, act)  # [c, H]
-        per_pair.index_copy_(0, pairs, y * flat_weights[pairs, None])
-    return per_pair.view(num_tokens, top_k, -1).sum(dim=1)
+    """One matmul per active expert: the path where the grouped matmul is unavailable, and for training."""
+    return sum_over_experts(x, topk_weights, topk_ids, w_gate_up.shape[0],
+                            lambda rows, e: _expert(x[rows], w_gate_up, w_down, e, act))
 
 
 class ExpertActivation:
@@ -141,15 +141,18 @@ class ExpertActivation:
         self.gate_up_bias, self.down_bias, self.limit, self.alpha = gate_up_bias, down_bias, limit, alpha
 
 
+def swiglu(h, limit: float | None = None, alpha: float = 1.702):
+    """h [R, 2I], gate then up -> [R, I]: silu(gate) * up, or with a limit GPT-OSS's clamped form."""
+    gate, up = h.chunk(2, dim=-1)
+    if limit is None:
+        return F.silu(gate) * up
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
 def _expert(rows, w_gate_up, w_down, expert: int, act: ExpertActivation | None):
     if act is None:
-        gate, up = F.linear(rows, w_gate_up[expert]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, w_down[expert])
+        return F.linear(swiglu(F.linear(rows, w_gate_up[expert])), w_down[expert])
     bias = None if act.gate_up_bias is None else act.gate_up_bias[expert]
-    gate, up = F.linear(rows, w_gate_up[expert], bias).chunk(2, dim=-1)
-    if act.limit is None:
-        hidden = F.silu(gate) * up
-    else:
-        gate, up = gate.clamp(max=act.limit), up.clamp(-act.limit, act.limit)
-        hidden = (up + 1) * (gate * torch.sigmoid(gate * act.alpha))
+    hidden = swiglu(F.linear(rows, w_gate_up[expert], bias), act.limit, act.alpha)
     return F.linear(hidden, w_down[expert], None if act.down_bias is None else act.down_bias[expert])

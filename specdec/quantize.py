@@ -21,6 +21,7 @@ multi-head latent attention, whose up-projection is read as a matrix, not throug
 import torch
 from torch import nn
 
+from kernels.moe_torch import sum_over_experts, sum_over_slots, swiglu
 from specdec.model import Attention, DenseMLP, GeluMLP, SparseMoeBlock, Transformer
 from specdec.ops import Projection
 
@@ -78,37 +79,15 @@ class Int8Experts(nn.Module):
     def run(self, x, topk_weights, topk_ids, act=None):
         xq, x_scale = quantize_rows(x)
         if x.shape[0] == 1:  # decode: the token's k experts in turn, no sorting or scatter
-            out = None
-            for expert, weight in zip(topk_ids[0].tolist(), topk_weights[0].to(x.dtype), strict=True):
-                y = self._expert(expert, xq, x_scale, act) * weight
-                out = y if out is None else out + y
-            return out
-        flat_ids = topk_ids.reshape(-1)
-        order = torch.argsort(flat_ids, stable=True)
-        counts = torch.bincount(flat_ids, minlength=len(self.gate_up)).tolist()
-        top_k = topk_ids.shape[1]
-        flat_weights = topk_weights.reshape(-1).to(x.dtype)
-        per_pair, start = x.new_empty(flat_ids.numel(), x.shape[1]), 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            pairs = order[start : start + count]
-            start += count
-            tokens = pairs // top_k
-            y = self._expert(expert, xq[tokens], x_scale[tokens], act)
-            per_pair.index_copy_(0, pairs, y * flat_weights[pairs, None])
-        return per_pair.view(x.shape[0], top_k, -1).sum(dim=1)
+            return sum_over_slots(x, topk_weights, topk_ids, lambda rows, e: self._expert(e, xq, x_scale, act))
+        return sum_over_experts(x, topk_weights, topk_ids, len(self.gate_up),
+                                lambda rows, e: self._expert(e, xq[rows], x_scale[rows], act))
 
     def _expert(self, expert: int, xq, x_scale, act):
         h = self.gate_up[expert].apply(xq, x_scale)
         if act is not None and act.gate_up_bias is not None:
             h = h + act.gate_up_bias[expert]
-        gate, up = h.chunk(2, dim=-1)
-        if act is None or act.limit is None:
-            hidden = torch.nn.functional.silu(gate) * up
-        else:
-            gate, up = gate.clamp(max=act.limit), up.clamp(-act.limit, act.limit)
-            hidden = (up + 1) * (gate * torch.sigmoid(gate * act.alpha))
+        hidden = swiglu(h) if act is None else swiglu(h, act.limit, act.alpha)
         out = self.down[expert](hidden)
         return out if act is None or act.down_bias is None else out + act.down_bias[expert]
 
