@@ -223,6 +223,7 @@ class Experts(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
+    COUNT_EVERY = 32  # forwards whose expert ids are kept before they are summed
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.top_k, self.renormalize, self.routing = cfg.top_k, cfg.norm_topk_prob, cfg.routing
@@ -233,8 +234,8 @@ class SparseMoeBlock(nn.Module):
         self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts, dtype=torch.long), persistent=False)
         # Each forward's expert ids [N, A], kept as they are and counted only when read: counting
         # in every forward cost a few ops a layer, a few percent of a CPU decode step.
-        self.latest_ids = self.filed_ids = None
-        self.uncounted_ids: list = []
+        self.latest_ids = None
+        self.uncounted_ids: list = []  # summed every COUNT_EVERY forwards, or when read
         if cfg.shared_expert_size:  # Qwen2-MoE, DeepSeek: every token also goes through a dense expert
             self.shared_expert = DenseMLP(cfg.hidden_size, cfg.shared_expert_size)
             if cfg.shared_expert_gated:  # Qwen2-MoE's sigmoid gate
@@ -261,7 +262,10 @@ class SparseMoeBlock(nn.Module):
         """(weights, expert ids) [N, A] of each token, counted into the load statistics."""
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize, self.routing, self.groups)
         if not torch.compiler.is_compiling():  # a compiled step keeps no statistics (specdec/compiled.py)
-            self.latest_ids = ids  # Transformer.forward files it into uncounted_ids
+            self.latest_ids = ids
+            self.uncounted_ids.append(ids)
+            if len(self.uncounted_ids) >= self.COUNT_EVERY:
+                self.count_routed()
         return (weights * self.routed_scale if self.routed_scale != 1.0 else weights), ids
 
     def count_routed(self) -> None:
@@ -437,7 +441,6 @@ class Transformer(nn.Module):
         rows = None if logits_rows is None else torch.as_tensor(logits_rows, dtype=torch.long, device=x.device)
         last = EAGER_STEP.last if rows is not None and rows.numel() == 0 else step.last  # no need to compile 0 rows
         logits = last(self, layers[-1], x, attended, rows)
-        self._file_routed_ids()
         return logits
 
     def logits(self, input_ids):
@@ -452,15 +455,6 @@ class Transformer(nn.Module):
         if blocks is None:
             blocks = self.__dict__["_moe_blocks"] = [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
         return blocks
-
-    def _file_routed_ids(self, limit: int = 32) -> None:
-        for block in self.moe_blocks():
-            if block.latest_ids is None or block.latest_ids is block.filed_ids:
-                continue
-            block.uncounted_ids.append(block.latest_ids)
-            block.filed_ids = block.latest_ids
-            if len(block.uncounted_ids) >= limit:
-                block.count_routed()
 
     def expert_load(self) -> torch.Tensor:
         """[num_moe_layers, E] tokens routed to each expert since the last reset."""
