@@ -10,6 +10,7 @@ E being the expected accepted tokens so far (the +1 is the bonus token every pas
 import bisect
 import heapq
 import statistics
+import threading
 import time
 
 import torch
@@ -20,15 +21,29 @@ SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
 class VerifyCost:
-    """Milliseconds of one target forward with n new tokens over a cached prefix."""
+    """Milliseconds of one target forward with n new tokens over a cached prefix: the shape
+    measured at start-up, corrected by the forwards the engine actually runs.
+
+    A start-up loop keeps the weights it reads in the CPU's cache; in service each step's tokens
+    wake other experts, read from memory, and the draft and the caches evict them between steps.
+    So a measured 4-token verify cost 1.5x a plain step where served ones cost 2.6x, and trees
+    were built that did not pay. Each served forward's time, over the measured cost of its size,
+    moves a running ratio for its size bucket (sizes below the next measured size); a bucket not
+    yet seen takes the ratio of the nearest smaller one seen."""
+
+    RATE = 0.05  # the weight of one served forward in its bucket's ratio
 
     def __init__(self, sizes, millis):
-        self.sizes, self.millis = list(sizes), list(millis)
+        self.sizes, self.measured = list(sizes), list(millis)
+        self.ratios: list[float | None] = [None] * len(self.sizes)
+        self.millis = list(millis)
+        self.lock = threading.Lock()
 
     @classmethod
     def measure(cls, model, context: int = 512, repeats: int = 5, sample_ids=None) -> "VerifyCost":
         """sample_ids: real code tokens. An MoE's cost depends on how many experts the tokens
-        wake, and identical (e.g. zero) ids all route alike, which understates a real tree.
+        wake, and identical (e.g. zero) ids all route alike, which understates a real tree; each
+        repeat takes other tokens, as served steps do.
 
         The sizes are timed in interleaved rounds and each keeps its median: a slow spell of
         the machine then slows every size alike, where timing one size's repeats back to back
@@ -36,29 +51,50 @@ class VerifyCost:
         = min over m >= n: a spike at one small size must not raise every larger size with it,
         which made a server started on a busy machine price every tree token at a whole step
         and never speculate."""
-        need = context + max(SIZES)
+        need = context + max(SIZES) * repeats
         ids = torch.as_tensor(list(sample_ids or ()) or [0], dtype=torch.long)
         ids = ids.repeat(need // len(ids) + 1)[:need]
-        cache = model.new_cache(need)
+        cache = model.new_cache(context + max(SIZES))
         model(ids[:context], torch.arange(context), [Segment(cache, context)])
         cache.keep_all()
         times = {n: [] for n in SIZES}
-        for _ in range(repeats):
+        for r in range(repeats):
+            new = ids[context + r * max(SIZES) :]
             for n in SIZES:
                 started = time.perf_counter()
-                model(ids[context : context + n], torch.arange(context, context + n), [Segment(cache, n)])
+                model(new[:n], torch.arange(context, context + n), [Segment(cache, n)])
                 times[n].append((time.perf_counter() - started) * 1000)
         return cls(SIZES, non_decreasing_from_the_right([statistics.median(times[n]) for n in SIZES]))
 
     def __call__(self, n: int) -> float:
-        """Linear interpolation between measured sizes; beyond the largest, its per-token cost."""
-        if n <= self.sizes[0]:
-            return self.millis[0]
-        i = bisect.bisect_left(self.sizes, n)
-        if i == len(self.sizes):
-            return self.millis[-1] * n / self.sizes[-1]
-        a, b, ca, cb = self.sizes[i - 1], self.sizes[i], self.millis[i - 1], self.millis[i]
-        return ca + (cb - ca) * (n - a) / (b - a)
+        return _interpolate(self.sizes, self.millis, n)
+
+    def observe(self, n: int, millis: float) -> None:
+        """One served forward of n tokens (a single request's tree, nothing else in it) took `millis`."""
+        i = max(0, bisect.bisect_right(self.sizes, n) - 1)
+        ratio = millis / _interpolate(self.sizes, self.measured, n)
+        with self.lock:
+            old = self.ratios[i]
+            self.ratios[i] = ratio if old is None else old + self.RATE * (ratio - old)
+            self.millis = self._corrected()
+
+    def _corrected(self) -> list:
+        out, ratio = [], None
+        for measured, seen in zip(self.measured, self.ratios, strict=True):
+            ratio = seen if seen is not None else ratio
+            out.append(measured * (ratio if ratio is not None else 1.0))
+        return non_decreasing_from_the_right(out)
+
+
+def _interpolate(sizes, millis, n: int) -> float:
+    """Linear interpolation between measured sizes; beyond the largest, its per-token cost."""
+    if n <= sizes[0]:
+        return millis[0]
+    i = bisect.bisect_left(sizes, n)
+    if i == len(sizes):
+        return millis[-1] * n / sizes[-1]
+    a, b, ca, cb = sizes[i - 1], sizes[i], millis[i - 1], millis[i]
+    return ca + (cb - ca) * (n - a) / (b - a)
 
 
 def non_decreasing_from_the_right(millis) -> list:

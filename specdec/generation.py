@@ -72,7 +72,7 @@ class Generation:
         # it waits (most keystrokes, when typing fast) is never tokenized.
         self.prompt = None
         self.committed: list[int] = []  # prompt then generated tokens (the target's sequence)
-        self.cache = self.draft = self.eagle = None
+        self.cache = self.draft = self.eagle = self.spare = None
         self.sampling = Sampling(options.temperature, options.top_p, options.top_k)
         self.uniforms = Uniforms(options.seed)
         self.rules = rules_for(options.prefix, options.suffix, options.mode, options.n_indent, options.stop)
@@ -170,15 +170,20 @@ class Generation:
         if entry is not None:
             self.cache = entry.target
             reuse = min(common, self.cache.length, len(ids) - 1)
-            if self._needs_features(options) and (entry.features is None or len(entry.features) < reuse):
-                reuse = 0  # the head needs the target's features of every reused token
+            if self._needs_features(options):  # the head needs the target's features of every reused token
+                reuse = min(reuse, 0 if entry.features is None else len(entry.features))
             self.cache.truncate(reuse)
         else:
             self.cache, reuse = engine.target.new_cache(len(ids) + options.max_tokens + 80), 0
-        if options.strategy in ("draft", "hybrid") and engine.draft is not None:
+        uses_draft = options.strategy in ("draft", "hybrid") and engine.draft is not None
+        if uses_draft:
             self.draft = DraftRunner(engine.draft)
             if entry is not None and entry.draft is not None:
                 self.draft.adopt(entry.draft, entry.draft_tokens)
+        # A request that drafts nothing (`ar`, or `trie` between hybrid requests) keeps the
+        # entry's draft and head caches, so the document's next drafting request finds them.
+        if entry is not None and not uses_draft and not self._needs_features(options):
+            self.spare = entry.kept_to(reuse)
         if self._needs_features(options):
             kept = entry is not None and entry.features is not None
             self.eagle = EagleRunner(engine.head, entry.features if kept else None, entry.head if kept else None,
@@ -371,6 +376,15 @@ class Generation:
         truncated = self.prompt is not None and self.prompt.truncated
         return Result(self.current_text(), list(self.generated), Stats(**s.as_dict()), truncated)
 
+    def _side_caches(self) -> tuple:
+        """(draft cache, its tokens, features, head cache, head pairs) to keep with the target's:
+        this request's own, else those of the entry it took without using them."""
+        draft, eagle, spare = self.draft, self.eagle, self.spare
+        if spare is not None:
+            return spare.draft, spare.draft_tokens, spare.features, spare.head, spare.head_synced
+        return (draft.cache if draft else None, draft.synced if draft else (), eagle.features if eagle else None,
+                eagle.cache if eagle else None, eagle.synced if eagle else 0)
+
     def release(self) -> None:
         """Give the caches back to the prompt cache for the next request, and the text to the
         document's suggestion history."""
@@ -378,10 +392,5 @@ class Generation:
             self.engine.history.record(self.options.document, self.options.prefix, self.current_text())
         worth_keeping = self.cache is not None and self.cache.length >= self.engine.prompt_cache.min_reuse
         if worth_keeping and self.options.use_prompt_cache:
-            draft_cache = self.draft.cache if self.draft is not None else None
-            draft_tokens = self.draft.synced if self.draft is not None else ()
-            eagle = self.eagle
-            self.engine.prompt_cache.put(self.committed, self.cache, draft_cache, draft_tokens,
-                                         eagle.features if eagle else None, eagle.cache if eagle else None,
-                                         eagle.synced if eagle else 0)
+            self.engine.prompt_cache.put(self.committed, self.cache, *self._side_caches())
         self.cache = None

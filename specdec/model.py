@@ -16,7 +16,16 @@ from torch import nn
 import kernels
 from specdec.config import ModelConfig
 from specdec.kvcache import KVCache
-from specdec.ops import Projection, apply_rope, half_swap, input_major, rms_norm, rope_cos_sin, rotate_pairs
+from specdec.ops import (
+    CpuLogitsHead,
+    Projection,
+    apply_rope,
+    half_swap,
+    input_major,
+    rms_norm,
+    rope_cos_sin,
+    rotate_pairs,
+)
 from specdec.rope import logit_scale, rope_frequencies
 
 # N = new tokens in the flat batch, H = hidden, Hq/Hkv = heads, D = head dim, E = experts
@@ -394,7 +403,7 @@ class Transformer(nn.Module):
                 for linear in (module.gate_proj, module.up_proj):
                     linear.weight.data = input_major(linear.weight.data)
         # Tied to the embedding, whose row lookups want the checkpoint layout: a copy of it.
-        self._lm_head = Projection(input_major(self.lm_head.weight.detach()))
+        self._lm_head = CpuLogitsHead(self.lm_head.weight.detach())
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:

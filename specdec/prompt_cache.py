@@ -32,6 +32,17 @@ class CacheEntry:
         extra = (self.draft.nbytes() if self.draft is not None else 0) + (self.head.nbytes() if self.head is not None else 0)
         return self.target.nbytes() + extra
 
+    def kept_to(self, length: int) -> "CacheEntry":
+        """This entry's side caches cut to the first `length` tokens (the target's tokens past them
+        are replaced by a new request): features and head pairs of later tokens would be stale. The
+        draft's cache names its own tokens and is rewound against the next request's."""
+        if self.features is not None:
+            self.features = self.features[:length]
+        if self.head is not None:
+            self.head_synced = min(self.head_synced, max(0, length - 1))
+            self.head.truncate(self.head_synced)
+        return self
+
     def head_copy(self, length: int, capacity: int) -> "CacheEntry":
         """A new entry with copies of the caches' first `length` tokens."""
         draft, draft_tokens = None, []

@@ -202,7 +202,10 @@ class Scheduler:
                     self.active.append(g)
                 self._decode_began(g)
         if trees:
-            share = (time.perf_counter() - started) * 1000 / len(trees)
+            elapsed = (time.perf_counter() - started) * 1000
+            if len(trees) == 1 and not chunks and self.engine.verify_cost is not None:  # a verify alone: its cost corrects the measured curve
+                self.engine.verify_cost.observe(len(trees[0][1]), elapsed)
+            share = elapsed / len(trees)
             proposing_ms = list(proposing_ms) or [0.0] * len(trees)
             for (g, _), count, own_ms in zip(trees, added, proposing_ms, strict=True):
                 if g.options.strategy != "ar":
