@@ -20,6 +20,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
+from server.longlived import freeze_what_is_loaded, unfreeze
 from specdec import STRATEGIES, CompletionOptions
 
 log = logging.getLogger("specdec.lsp")
@@ -180,6 +181,7 @@ def _reload_models(ls: CompletionServer, target: str | None, draft: str | None) 
         engine.index = old.index
     ls.log(f"models loaded: target={target or 'default'} draft={draft or 'default'}")
     _stop_when_idle(old)
+    freeze_what_is_loaded()  # after the old engine is let go, so that its objects can be collected
 
 
 def _stop_when_idle(engine, seconds: float = 30.0) -> None:
@@ -216,6 +218,7 @@ def _index_workspace(ls: CompletionServer) -> None:
     ls.engine.index = index
     for uri in list(ls.workspace.text_documents):  # what was opened while indexing
         _into_index(ls, uri)
+    freeze_what_is_loaded()
     message = f"indexed {len(index.files)} files in {time.perf_counter() - started:.1f} s"
     ls.log(message)
     if token is not None:
@@ -225,6 +228,7 @@ def _index_workspace(ls: CompletionServer) -> None:
 def run(engine, repo: Path | None = None, tcp: str | None = None) -> int:
     engine.start()
     server = build_server(engine, repo)
+    freeze_what_is_loaded()
     try:
         if tcp:
             host, _, port = tcp.rpartition(":")
@@ -234,4 +238,5 @@ def run(engine, repo: Path | None = None, tcp: str | None = None) -> int:
     finally:
         engine.stop()
         server.engine.stop()  # the one that replaced it, if settings named other models (stop is idempotent)
+        unfreeze()
     return 0

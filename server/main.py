@@ -15,6 +15,7 @@ from starlette.requests import ClientDisconnect
 from server import openapi, routes_index, routes_infill, routes_openai, routes_ops
 from server.bridge import EngineBridge
 from server.errors import ApiError
+from server.longlived import freeze_what_is_loaded, unfreeze
 from server.metrics import Metrics
 from server.settings import Settings
 
@@ -55,8 +56,10 @@ def create_app(settings: Settings, engine=None) -> FastAPI:
             threading.Thread(target=_build_index, args=(state,), daemon=True, name="index-build").start()
         elif state.engine.index is not None:
             state.index_status = {"state": "ready", "files": len(state.engine.index.files)}
+        freeze_what_is_loaded()
         yield
         state.engine.stop()
+        unfreeze()
 
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.state.specdec = AppState(settings, engine)
@@ -81,6 +84,7 @@ def _build_index(state: AppState) -> None:
         return
     idx.prepare_retrieval()  # read the files for retrieval before the index serves its first request
     state.engine.index = idx
+    freeze_what_is_loaded()
     state.index_status = {"state": "ready", **{k: idx.summary.get(k) for k in ("indexed", "units", "build_seconds")}}
     log.info("index ready: %s", state.index_status)
 

@@ -127,3 +127,17 @@ def test_index_paths_cannot_escape(live, repo, tmp_path):
     assert r.status_code == 400 and "regular file" in r.json()["error"]["message"]
     r = httpx.post(f"{live.url}/v1/index/files", json={"files": [{"path": "../x.py", "text": "x"}]})
     assert r.status_code == 403
+
+
+def test_what_the_server_loaded_is_kept_out_of_full_collections(models, repo):
+    """Models and index are frozen once loaded, so a full collection (about 200 ms over the
+    real models and an index) scans only newer objects; the server unfreezes them at shutdown."""
+    import gc
+
+    gc.unfreeze()
+    with make_server(models, repo) as server:
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000  # the modules, models and index loaded so far
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+        assert not any(o is server.engine for o in gc.get_objects())  # the collector's generations skip it
+    assert gc.get_freeze_count() == 0
