@@ -28,8 +28,11 @@ class VerifyCost:
     wake other experts, read from memory, and the draft and the caches evict them between steps.
     So a measured 4-token verify cost 1.5x a plain step where served ones cost 2.6x, and trees
     were built that did not pay. Each served forward's time, over the measured cost of its size,
-    moves a running ratio for its size bucket (sizes below the next measured size); a bucket not
-    yet seen takes the ratio of the nearest smaller one seen."""
+    moves a running ratio for its size bucket (sizes below the next measured size). A bucket not
+    yet served adds the measured cost's growth to the nearest smaller bucket served: the extra a
+    served tree pays is mostly the experts it wakes, and a larger tree wakes few more once every
+    expert is awake, so scaling its whole cost by a small tree's ratio would price large trees
+    out before one was ever tried, and the estimate could never learn otherwise."""
 
     RATE = 0.05  # the weight of one served forward in its bucket's ratio
 
@@ -79,10 +82,11 @@ class VerifyCost:
             self.millis = self._corrected()
 
     def _corrected(self) -> list:
-        out, ratio = [], None
+        out, offset = [], 0.0
         for measured, seen in zip(self.measured, self.ratios, strict=True):
-            ratio = seen if seen is not None else ratio
-            out.append(measured * (ratio if ratio is not None else 1.0))
+            if seen is not None:
+                offset = measured * (seen - 1.0)
+            out.append(measured + offset)
         return non_decreasing_from_the_right(out)
 
 

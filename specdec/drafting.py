@@ -13,7 +13,7 @@ from specdec.model import Segment
 class DraftPath(NamedTuple):
     """Speculated tokens rooted after the last committed token, from one source."""
 
-    source: str  # "trie", "draft" or "ngram": who proposed them (acceptance is counted per source)
+    source: str  # "trie", "draft", "ngram", "history", "suggestion": who proposed them (acceptance is learned per source)
     tokens: list  # token ids
     probs: list  # probs[i]: the estimated chance that the target accepts the path up to tokens[i]
 
@@ -41,13 +41,15 @@ def trie_paths(index, text_before_cursor: str, path, encode, healed: str, stats,
 
 def history_paths(history, document, text_before_cursor: str, encode, healed: str, stats,
                   max_tokens: int = 32) -> list[DraftPath]:
-    """Continuations of the document's recent completions (and of the text itself) after the
-    tail of the text before the cursor; tokenized with the healed text, as trie candidates are."""
+    """Continuations of the document's recent completions (source "suggestion") and of the text
+    itself ("history") after the tail of the text before the cursor; tokenized with the healed
+    text, as trie candidates are. Both count as history tokens; their acceptance is learned apart."""
     paths = []
-    for rank, continuation in enumerate(history.continuations(document, text_before_cursor)):
+    for rank, (continuation, from_suggestion) in enumerate(history.continuations(document, text_before_cursor)):
         tokens = encode(healed + continuation)[:max_tokens]
+        source = "suggestion" if from_suggestion else "history"
         if tokens:
-            paths.append(DraftPath("history", tokens, stats.chain_probs("history", len(tokens), rank)))
+            paths.append(DraftPath(source, tokens, stats.chain_probs(source, len(tokens), rank)))
     return paths
 
 

@@ -32,6 +32,8 @@ from specdec.stats import Stats
 from specdec.stops import StopCut, rules_for
 from specdec.tree import TokenTree
 
+REPORTED_AS = {"suggestion": "history"}  # sources learned apart but reported as one (Stats.SOURCES)
+
 
 class State(enum.Enum):
     QUEUED = "queued"
@@ -302,7 +304,8 @@ class Generation:
         self.stats.target_passes += 1
         by_source = self.stats.accepted_by_source
         for node in result.nodes:
-            by_source[tree.sources[node]] = by_source.get(tree.sources[node], 0) + 1
+            reported = REPORTED_AS.get(tree.sources[node], tree.sources[node])
+            by_source[reported] = by_source.get(reported, 0) + 1
         by_source["bonus"] += 1
         self._learn(tree, result.nodes)
         new_tokens = [tree.tokens[n] for n in result.nodes] + [result.bonus]

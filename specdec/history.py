@@ -55,9 +55,11 @@ class SuggestionHistory:
         with self._lock:
             self._texts.pop(document, None)
 
-    def continuations(self, document: str | None, text: str, k: int = 3, max_chars: int = 160) -> list[str]:
-        """Up to k distinct texts that followed the tail of `text` before, best first: the longest
-        matching tail, then the most recent history, then the text itself."""
+    def continuations(self, document: str | None, text: str, k: int = 3, max_chars: int = 160) -> list:
+        """Up to k distinct (continuation, from_suggestion) that followed the tail of `text`
+        before, best first: the longest matching tail, then the most recent history, then the
+        text itself (from_suggestion False: code repeating within the file, which the target
+        follows far less often than the rest of a suggestion it made itself)."""
         with self._lock:
             stored = list(reversed(self._texts.get(document, ())))
         found, seen = [], set()
@@ -65,14 +67,14 @@ class SuggestionHistory:
             if len(text) < length:
                 continue
             tail = text[-length:]
-            for source in stored + [text[-SELF_SEARCH_CHARS:-1]]:
+            for i, source in enumerate(stored + [text[-SELF_SEARCH_CHARS:-1]]):
                 at = source.rfind(tail)
                 if at < 0:
                     continue
                 continuation = source[at + length : at + length + max_chars]
                 if len(continuation) >= MIN_CONTINUATION and continuation not in seen:
                     seen.add(continuation)
-                    found.append(continuation)
+                    found.append((continuation, i < len(stored)))
                     if len(found) >= k:
                         return found
             if found:
