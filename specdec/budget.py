@@ -1,10 +1,10 @@
 """How many tree nodes a verify pass should carry, from measured costs and expected acceptance.
 
 The target's verify cost for n tree tokens is measured once per model and device (a few
-forwards at each size, median). A tree is then grown best-first by the estimated probability
-that the target accepts each node's path, for as long as the next node's expected gain per
-millisecond beats the step's current rate: p_next / (cost(n+1) - cost(n)) >= (E + 1) / cost(n),
-E being the expected accepted tokens so far (the +1 is the bonus token every pass yields).
+forwards at each size, median) and corrected by the forwards it serves. A tree is grown
+best-first by the estimated probability that the target accepts each node's path, and cut to
+the size n with the most expected tokens per millisecond, (E(n) + 1) / cost(n), E(n) being the
+expected accepted tokens of its first n nodes (the +1 is the bonus token every pass yields).
 """
 
 import bisect
@@ -116,19 +116,24 @@ def min_useful_prob(cost: VerifyCost) -> float:
 
 
 def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int, force: bool = False) -> None:
-    """Insert nodes of `paths` (DraftPaths) best-first while they pay for themselves
-    (force: until the node budget is spent)."""
+    """Insert nodes of `paths` (DraftPaths) best-first up to the node budget, then keep the
+    prefix of that order with the most expected tokens per millisecond, (E(n) + 1) / cost(n)
+    (force: keep them all). One node at a time, a tree stopped at the first node that did not
+    pay for itself alone; in service the first extra token costs the most (it wakes other
+    experts, and later ones wake few more), so the long suggestion chains that pay as a whole
+    were never built. A tree that pays at no size is the root alone (plain decoding)."""
     heap = [(-path.probs[0], i, 0) for i, path in enumerate(paths) if path.tokens]
     heapq.heapify(heap)
-    expected = 0.0
+    expected, best_rate, best_size = 0.0, 1.0 / cost(len(tree)), len(tree)
     while heap and len(tree) < max_nodes:
         neg_p, i, depth = heapq.heappop(heap)
         source, tokens, probs = paths[i].source, paths[i].tokens, paths[i].probs
-        n = len(tree)
-        gain_rate = -neg_p / max(1e-6, cost(n + 1) - cost(n))
-        if gain_rate < (expected + 1.0) / cost(n) and not force:
-            break  # also at n = 1: a tree that does not pay for itself is not built (plain decoding)
-        added = tree.add_path(tokens[: depth + 1], source, probs[: depth + 1], max_nodes)
-        expected += -neg_p if added else 0.0
+        if tree.add_path(tokens[: depth + 1], source, probs[: depth + 1], max_nodes):
+            expected += -neg_p
+            rate = (expected + 1.0) / cost(len(tree))
+            if rate > best_rate:
+                best_rate, best_size = rate, len(tree)
         if depth + 1 < len(tokens):
             heapq.heappush(heap, (-probs[depth + 1], i, depth + 1))
+    if not force:
+        tree.truncate(best_size)

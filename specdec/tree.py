@@ -46,6 +46,14 @@ class TokenTree:
         self.children[parent][token] = index
         return index
 
+    def truncate(self, n: int) -> None:
+        """Keep the first n nodes: every node comes after its parent, so they form a tree."""
+        for nodes in (self.tokens, self.parents, self.depths, self.sources, self.probs, self.children):
+            del nodes[n:]
+        for kids in self.children:
+            for token in [t for t, child in kids.items() if child >= n]:
+                del kids[token]
+
     def path_to(self, node: int) -> list[int]:
         path = []
         while node > 0:

@@ -200,3 +200,23 @@ def test_served_forwards_correct_the_measured_verify_costs():
     assert min_useful_prob(cost) > 0.6  # a second token must now be likely to pay its cost
     cost.observe(1, 1000.0)  # one stalled step moves the estimate by RATE, not to the stall
     assert 2.0 < cost(1) < 2.0 + VerifyCost.RATE * 1000 + 0.01
+
+
+def test_a_tree_is_kept_at_the_size_that_pays_best_not_cut_at_the_first_costly_node():
+    """In service the first extra token costs the most (it wakes other experts): a likely long
+    chain must be built whole, although its first node alone does not pay; an unlikely one not."""
+    from specdec.budget import SIZES, VerifyCost, grow_tree
+    from specdec.tree import TokenTree
+
+    served = VerifyCost(SIZES, [2.0, 4.0, 4.3, 4.6, 4.9, 5.2, 6.0, 7.0, 9.0, 11.0])
+    likely = [0.8 * 0.97**k for k in range(12)]
+    tree = TokenTree(0)
+    grow_tree(tree, [DraftPath("suggestion", list(range(1, 13)), likely)], served, 64)
+    assert len(tree) == 13 and tree.depths[-1] == 12 and tree.children[0] == {1: 1}
+    tree = TokenTree(0)
+    grow_tree(tree, [DraftPath("history", [1, 2, 3], [0.3, 0.1, 0.03]),
+                     DraftPath("trie", [7, 8], [0.2, 0.05])], served, 64)
+    assert len(tree) == 1 and tree.children == [{}]  # nothing pays: plain decoding
+    tree = TokenTree(0)
+    grow_tree(tree, [DraftPath("history", [1, 2, 3], [0.3, 0.1, 0.03])], served, 64, force=True)
+    assert len(tree) == 4  # forced: every node
