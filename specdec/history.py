@@ -14,6 +14,7 @@ tokenized differently. The target verifies every proposal, so the output never c
 
 import threading
 from collections import OrderedDict, deque
+from typing import NamedTuple
 
 CONTEXT_CHARS = 600  # of text before the cursor kept with each completion
 MATCH_LENGTHS = (48, 24, 12)  # characters of tail tried, longest first
@@ -21,10 +22,23 @@ MIN_CONTINUATION = 2
 SELF_SEARCH_CHARS = 20_000  # of the current text searched for an earlier occurrence of its tail
 
 
+class Suggestion(NamedTuple):
+    """A completion with the text before its cursor: text = context + completion."""
+
+    text: str
+    start: int  # where the completion begins in text
+
+    def find_along(self, tail: str) -> int:
+        """Where `tail` lies along the suggestion: its first occurrence that ends at or after the
+        completion's start (the user types along it from there, or repeats the request), else -1. Not the last occurrence:
+        in repetitive code (a run of `str, str, ...`) that left a few characters to propose."""
+        return self.text.find(tail, max(0, self.start - len(tail)))
+
+
 class SuggestionHistory:
     def __init__(self, per_document: int = 8, max_documents: int = 256):
         self.per_document, self.max_documents = per_document, max_documents
-        self._texts: OrderedDict = OrderedDict()  # document -> deque of texts, newest last
+        self._texts: OrderedDict = OrderedDict()  # document -> deque of Suggestions, newest last
         self._lock = threading.Lock()
 
     def record(self, document: str | None, text_before_cursor: str, completion: str) -> None:
@@ -38,7 +52,8 @@ class SuggestionHistory:
                 while len(self._texts) > self.max_documents:
                     self._texts.popitem(last=False)
             self._texts.move_to_end(document)
-            texts.append(text_before_cursor[-CONTEXT_CHARS:] + completion)
+            context = text_before_cursor[-CONTEXT_CHARS:]
+            texts.append(Suggestion(context + completion, len(context)))
 
     def typing_along(self, document: str | None, text: str, generated: str = "", length: int = MATCH_LENGTHS[0]) -> bool:
         """Whether the tail of text + generated lies inside a stored suggestion with more of it to
@@ -49,32 +64,34 @@ class SuggestionHistory:
             return False
         with self._lock:
             stored = list(self._texts.get(document, ()))
-        return any(0 <= s.rfind(tail) < len(s) - length - MIN_CONTINUATION for s in stored)
+        return any(0 <= s.find_along(tail) < len(s.text) - length - MIN_CONTINUATION for s in stored)
 
     def forget(self, document: str | None) -> None:
         with self._lock:
             self._texts.pop(document, None)
 
-    def continuations(self, document: str | None, text: str, k: int = 3, max_chars: int = 160) -> list:
+    def continuations(self, document: str | None, text: str, k: int = 3, max_chars: int = 320) -> list:
         """Up to k distinct (continuation, from_suggestion) that followed the tail of `text`
         before, best first: the longest matching tail, then the most recent history, then the
         text itself (from_suggestion False: code repeating within the file, which the target
         follows far less often than the rest of a suggestion it made itself)."""
         with self._lock:
             stored = list(reversed(self._texts.get(document, ())))
+        own = text[-SELF_SEARCH_CHARS:-1]
+        sources = [(s.text, s.find_along, True) for s in stored] + [(own, own.rfind, False)]
         found, seen = [], set()
         for length in MATCH_LENGTHS:
             if len(text) < length:
                 continue
             tail = text[-length:]
-            for i, source in enumerate(stored + [text[-SELF_SEARCH_CHARS:-1]]):
-                at = source.rfind(tail)
+            for body, find, from_suggestion in sources:
+                at = find(tail)
                 if at < 0:
                     continue
-                continuation = source[at + length : at + length + max_chars]
+                continuation = body[at + length : at + length + max_chars]
                 if len(continuation) >= MIN_CONTINUATION and continuation not in seen:
                     seen.add(continuation)
-                    found.append((continuation, i < len(stored)))
+                    found.append((continuation, from_suggestion))
                     if len(found) >= k:
                         return found
             if found:

@@ -220,3 +220,20 @@ def test_a_tree_is_kept_at_the_size_that_pays_best_not_cut_at_the_first_costly_n
     tree = TokenTree(0)
     grow_tree(tree, [DraftPath("history", [1, 2, 3], [0.3, 0.1, 0.03])], served, 64, force=True)
     assert len(tree) == 4  # forced: every node
+
+
+def test_a_repetitive_suggestion_is_continued_from_where_the_user_is_along_it():
+    """In a run like `str, str, ...` the tail also matches near the suggestion's end; the rest
+    proposed must start where the user is (the first match past the cursor), and a repeated
+    request (nothing typed yet) gets the whole suggestion."""
+    from specdec.history import SuggestionHistory
+
+    history = SuggestionHistory()
+    prefix = "import typing\n\n" + "x = 1\n" * 10 + "Row = tuple["
+    suggestion = ", ".join(["str"] * 40) + "]\n"
+    history.record("doc", prefix, suggestion)
+    (rest, from_suggestion), *_ = history.continuations("doc", prefix + "str")
+    assert from_suggestion and rest == suggestion[3:3 + 320]
+    (whole, _), *_ = history.continuations("doc", prefix)
+    assert whole == suggestion[:320]
+    assert history.typing_along("doc", prefix + suggestion[:-12])  # the last match is near the end; this one is not
