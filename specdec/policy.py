@@ -8,6 +8,7 @@ so far. Documents live in an LRU of bounded size.
 """
 
 import copy
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -58,7 +59,8 @@ class SpeculationPolicy:
     step_speed: dict = field(default_factory=dict)  # strategy -> {"spec": ms, "plain": ms}
     steps: dict = field(default_factory=dict)  # strategy -> steps recorded
 
-    EXPLORE_EVERY = 32  # one step in this many tries the slower kind, so the estimate stays current
+    EXPLORE_EVERY = 32  # at least this many steps per step of the slower kind, which keeps its estimate current
+    EXPLORE_COST = 0.01  # and at most this share of the time lost to exploring
 
     def should_speculate(self, strategy: str) -> bool:
         """Speculate where it is measured faster (a pure question: recording a step moves the state)."""
@@ -67,8 +69,20 @@ class SpeculationPolicy:
         if spec is None or plain is None:
             return spec is None
         faster = spec < plain
-        explore = self.steps.get(strategy, 0) % self.EXPLORE_EVERY == self.EXPLORE_EVERY - 1
+        interval = self.explore_interval(strategy)
+        explore = self.steps.get(strategy, 0) % interval == interval - 1
         return not faster if explore else faster
+
+    def explore_interval(self, strategy: str) -> int:
+        """Steps per exploring step: a step of the slower kind costs (slower / faster - 1) of a
+        step, so the further apart the kinds were measured, the rarer the exploration (a draft
+        measured twice as slow as plain decoding is tried once in 100 steps, not once in 32)."""
+        speeds = self.step_speed.get(strategy, {})
+        spec, plain = speeds.get("spec"), speeds.get("plain")
+        if not spec or not plain:
+            return self.EXPLORE_EVERY
+        gap = max(spec, plain) / min(spec, plain) - 1.0
+        return max(self.EXPLORE_EVERY, math.ceil(gap / self.EXPLORE_COST))
 
     def record_step(self, strategy: str, speculative: bool, millis: float, tokens: int, rate: float = 0.1) -> None:
         if tokens <= 0:

@@ -1,5 +1,7 @@
 """The embedded default models: complete, loadable by transformers, completing real code."""
 
+import math
+
 import pytest
 import torch
 
@@ -120,9 +122,23 @@ def test_adaptive_engine_falls_back_to_plain_decoding_when_speculation_is_slower
     policy = engine.policies.prior
     speeds = policy.step_speed["draft"]
     assert set(speeds) == {"spec", "plain"} and min(speeds.values()) > 0
-    decisions = []
-    for _ in range(2 * policy.EXPLORE_EVERY):  # steps that do not move the estimates
+    decisions, interval = [], policy.explore_interval("draft")
+    gap = max(speeds.values()) / min(speeds.values()) - 1
+    assert interval == max(policy.EXPLORE_EVERY, math.ceil(gap / policy.EXPLORE_COST))
+    for _ in range(2 * interval):  # steps that do not move the estimates
         decisions.append(policy.should_speculate("draft"))
         kind = "spec" if decisions[-1] else "plain"
         policy.record_step("draft", decisions[-1], speeds[kind], 1)
-    assert decisions.count(speeds["spec"] < speeds["plain"]) == 2 * policy.EXPLORE_EVERY - 2
+    assert decisions.count(speeds["spec"] < speeds["plain"]) == 2 * interval - 2
+
+
+def test_the_further_apart_the_step_speeds_the_rarer_the_exploration():
+    from specdec.policy import SpeculationPolicy
+
+    policy = SpeculationPolicy()
+    policy.step_speed["draft"] = {"spec": 4.4, "plain": 4.0}  # 10% apart: the floor of 32
+    assert policy.explore_interval("draft") == 32
+    policy.step_speed["draft"] = {"spec": 8.0, "plain": 4.0}  # twice as slow: 1% of the time at most
+    assert policy.explore_interval("draft") == 100
+    policy.step_speed["draft"] = {"spec": 2.0, "plain": 4.0}  # speculation faster: plain steps explored as rarely
+    assert policy.explore_interval("draft") == 100
