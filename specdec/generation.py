@@ -24,6 +24,7 @@ from specdec.accept import Sampling, Uniforms, accept
 from specdec.budget import grow_tree, min_useful_prob
 from specdec.drafting import DraftPath, DraftRunner, history_paths, ngram_paths, trie_paths
 from specdec.eagle import EagleRunner
+from specdec.history import MATCH_LENGTHS
 from specdec.model import Segment
 from specdec.options import CompletionOptions
 from specdec.policy import learn_acceptance, learn_draft
@@ -82,6 +83,7 @@ class Generation:
         self.max_tokens = options.max_tokens  # the scheduler may cap it under load (cap_tokens)
         self.text, self.final_text = "", None
         self.speculating = False
+        self.repeat_only = False  # this step's tree holds only a long repeat (see _long_repeats)
         self.stats = Stats()
         self.started = time.perf_counter()
         self.decode_started: float | None = None
@@ -242,9 +244,10 @@ class Generation:
         document_policy = self.policies[0]
         self.speculating = strategy != "ar" and (not engine.adaptive or document_policy.should_speculate(strategy)
                                                  or self._along_a_suggestion(strategy))
-        if not self.speculating:
+        paths = self._paths(strategy, document_policy.acceptance) if self.speculating else self._long_repeats(strategy)
+        self.repeat_only = not self.speculating and bool(paths)
+        if not self.speculating and not paths:
             return tree
-        paths = self._paths(strategy, document_policy.acceptance)
         if self.healing_pending:
             allowed = set(self.prompt.allowed_first)
             paths = [p for p in paths if p.tokens and p.tokens[0] in allowed]
@@ -258,6 +261,19 @@ class Generation:
         exploration alone would find too late."""
         return strategy == "hybrid" and self.engine.history.typing_along(self.options.document, self.options.prefix,
                                                                          self.text)
+
+    def _long_repeats(self, strategy: str) -> list[DraftPath]:
+        """On a step the policy decodes plainly, hybrid still offers what followed a long tail
+        match (MATCH_LENGTHS[0] characters) in the document's suggestions or earlier in its own
+        text: a string search costs microseconds, where the trie and the draft cost a good part
+        of a step. It catches a completion that repeats what it or the file already wrote (a run
+        of `str, str, ...` to the token limit), which the measured speeds would leave plain."""
+        if strategy != "hybrid":
+            return []
+        healed = self.prompt.healed_text if self.healing_pending else ""
+        return history_paths(self.engine.history, self.options.document, self.options.prefix + self.text,
+                             self.engine.prompts.encode, healed, self.policies[0].acceptance,
+                             lengths=MATCH_LENGTHS[:1])
 
     def _paths(self, strategy: str, acceptance) -> list[DraftPath]:
         engine, paths = self.engine, []

@@ -70,7 +70,7 @@ class SuggestionHistory:
         with self._lock:
             self._texts.pop(document, None)
 
-    def continuations(self, document: str | None, text: str, k: int = 3, max_chars: int = 320) -> list:
+    def continuations(self, document: str | None, text: str, k: int = 3, max_chars: int = 320, lengths=None) -> list:
         """Up to k distinct (continuation, from_suggestion) that followed the tail of `text`
         before, best first: the longest matching tail, then the most recent history, then the
         text itself (from_suggestion False: code repeating within the file, which the target
@@ -80,7 +80,7 @@ class SuggestionHistory:
         own = text[-SELF_SEARCH_CHARS:-1]
         sources = [(s.text, s.find_along, True) for s in stored] + [(own, own.rfind, False)]
         found, seen = [], set()
-        for length in MATCH_LENGTHS:
+        for length in lengths or MATCH_LENGTHS:
             if len(text) < length:
                 continue
             tail = text[-length:]

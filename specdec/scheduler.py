@@ -208,7 +208,7 @@ class Scheduler:
             share = elapsed / len(trees)
             proposing_ms = list(proposing_ms) or [0.0] * len(trees)
             for (g, _), count, own_ms in zip(trees, added, proposing_ms, strict=True):
-                if g.options.strategy != "ar":
+                if g.options.strategy != "ar" and not g.repeat_only:  # not a choice the policy made
                     learn_step(g.policies, g.options.strategy, g.speculating, share + own_ms, count)
 
     def _decoding(self) -> list:
