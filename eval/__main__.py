@@ -12,6 +12,7 @@ from pathlib import Path
 from eval.points import sample_points
 from eval.report import write_markdown, write_plots
 from eval.runner import expert_load_summary, run_points, summarize
+from specdec.quantize import QUANTIZATIONS
 
 
 def main(argv=None) -> int:
@@ -27,7 +28,7 @@ def main(argv=None) -> int:
     r.add_argument("--max-tokens", type=int, default=64)
     r.add_argument("--target", type=Path)
     r.add_argument("--draft", type=Path)
-    r.add_argument("--quantize", choices=("none", "int8", "auto"), default="none",
+    r.add_argument("--quantize", choices=QUANTIZATIONS, default="none",
                    help="the target's weights as `specdec serve --quantize` takes them")
     r.add_argument("--drafts", default="", metavar="LABEL=DIR,...",
                    help="other drafts for the same target: their draft and hybrid run as draft+LABEL, hybrid+LABEL")

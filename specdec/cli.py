@@ -15,6 +15,7 @@ from specdec.config import ConfigError
 from specdec.distributed import ExpertParallelError
 from specdec.loader import CheckpointError
 from specdec.options import CONTEXTS, MODES, STRATEGIES, CompletionOptions
+from specdec.quantize import QUANTIZATIONS
 
 COMMAND_GROUP = "specdec.commands"
 
@@ -107,7 +108,7 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory, or an EAGLE-3 head's")
     parser.add_argument("--fim-mode", choices=("psm", "spm", "suffix_first"),
                         help="the FIM order (default: the target's config.json, else its family's own)")
-    parser.add_argument("--quantize", choices=("auto", "none", "int8"), default="none",
+    parser.add_argument("--quantize", choices=QUANTIZATIONS, default="none",
                         help="int8: the target's weights in int8 on the CPU (a quarter of the bytes; the "
                              "output is the quantized target's, still lossless to it); auto: int8 for a "
                              "float32 target on one CPU process, none elsewhere; none (default): as stored")

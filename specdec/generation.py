@@ -268,12 +268,13 @@ class Generation:
         text: a string search costs microseconds, where the trie and the draft cost a good part
         of a step. It catches a completion that repeats what it or the file already wrote (a run
         of `str, str, ...` to the token limit), which the measured speeds would leave plain."""
-        if strategy != "hybrid":
-            return []
+        return self._history_paths(self.policies[0].acceptance, MATCH_LENGTHS[:1]) if strategy == "hybrid" else []
+
+    def _history_paths(self, acceptance, lengths=None) -> list[DraftPath]:
+        """The suggestion history's paths after the text so far (tail lengths: MATCH_LENGTHS)."""
         healed = self.prompt.healed_text if self.healing_pending else ""
         return history_paths(self.engine.history, self.options.document, self.options.prefix + self.text,
-                             self.engine.prompts.encode, healed, self.policies[0].acceptance,
-                             lengths=MATCH_LENGTHS[:1])
+                             self.engine.prompts.encode, healed, acceptance, lengths=lengths)
 
     def _paths(self, strategy: str, acceptance) -> list[DraftPath]:
         engine, paths = self.engine, []
@@ -282,8 +283,7 @@ class Generation:
         if strategy in ("trie", "hybrid"):
             paths += trie_paths(engine.index, before_cursor, self.options.path, engine.prompts.encode, healed, acceptance)
         if strategy == "hybrid":
-            paths += history_paths(engine.history, self.options.document, before_cursor, engine.prompts.encode,
-                                   healed, acceptance)
+            paths += self._history_paths(acceptance)
         if strategy == "ngram":
             paths += ngram_paths(self.committed, acceptance)
         drafter = self.eagle if self.eagle is not None else self.draft

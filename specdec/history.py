@@ -30,8 +30,9 @@ class Suggestion(NamedTuple):
 
     def find_along(self, tail: str) -> int:
         """Where `tail` lies along the suggestion: its first occurrence that ends at or after the
-        completion's start (the user types along it from there, or repeats the request), else -1. Not the last occurrence:
-        in repetitive code (a run of `str, str, ...`) that left a few characters to propose."""
+        completion's start (the user types along it from there, or repeats the request), else
+        -1. Not the last occurrence: in repetitive code (a run of `str, str, ...`) that left a
+        few characters to propose."""
         return self.text.find(tail, max(0, self.start - len(tail)))
 
 

@@ -233,6 +233,7 @@ class Experts(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     COUNT_EVERY = 32  # forwards whose expert ids are kept before they are summed
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.top_k, self.renormalize, self.routing = cfg.top_k, cfg.norm_topk_prob, cfg.routing

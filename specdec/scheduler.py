@@ -203,8 +203,8 @@ class Scheduler:
                 self._decode_began(g)
         if trees:
             elapsed = (time.perf_counter() - started) * 1000
-            if len(trees) == 1 and not chunks and self.engine.verify_cost is not None:  # a verify alone: its cost corrects the measured curve
-                self.engine.verify_cost.observe(len(trees[0][1]), elapsed)
+            if len(trees) == 1 and not chunks and self.engine.verify_cost is not None:
+                self.engine.verify_cost.observe(len(trees[0][1]), elapsed)  # a verify alone corrects the curve
             share = elapsed / len(trees)
             proposing_ms = list(proposing_ms) or [0.0] * len(trees)
             for (g, _), count, own_ms in zip(trees, added, proposing_ms, strict=True):
