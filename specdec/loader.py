@@ -54,8 +54,7 @@ def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = N
     expected = {k: v.shape for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight")
-    tensors = _read_tensors(path, cfg, expected, dtype, device, experts)
-    model.load_state_dict(tensors, strict=False, assign=True)
+    model.load_state_dict(_read_tensors(path, cfg, expected, dtype, device, experts), strict=False, assign=True)
     model.tie_weights()
     for module in model.modules():
         if isinstance(module, SparseMoeBlock):

@@ -1,6 +1,7 @@
 """Bad checkpoints give a clear error naming what is wrong."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -75,3 +76,52 @@ def test_a_model_that_will_not_fit_is_refused_before_loading(tiny_models, monkey
         loader.load_model(tiny_models[0])
     monkeypatch.setattr(loader, "available_bytes", lambda device: need * 2)
     assert loader.load_model(tiny_models[0]) is not None
+
+
+
+_PEAK_OF_A_LOAD = r"""
+import json, sys, threading, time
+from specdec import load_model
+
+def anon_kb():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("RssAnon:"))
+
+load_model(sys.argv[2])  # the lazy imports of a load, outside the figure
+base, peak, done = anon_kb(), [0], threading.Event()
+
+def sample():
+    while not done.is_set():
+        peak[0] = max(peak[0], anon_kb())
+        time.sleep(0.001)
+
+thread = threading.Thread(target=sample)
+thread.start()
+model = load_model(sys.argv[1])
+done.set()
+thread.join()
+weights = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+print(json.dumps({"peak": (max(peak[0], anon_kb()) - base) * 1024 / weights}))
+"""
+
+
+def test_a_load_holds_no_second_copy_of_the_weights(tiny_models, tmp_path):
+    """On the CPU the loader rewrites the widening weights input-major; each checkpoint copy
+    must be freed as it is replaced, not held to the end of the load (which peaked at 1.7x the
+    weights)."""
+    import subprocess
+    import sys
+
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    # 12 layers, so that the one layer of experts a load stacks at a time is a small share of the figure.
+    config = Qwen3MoeConfig(vocab_size=512, hidden_size=128, intermediate_size=128, moe_intermediate_size=512,
+                            num_hidden_layers=12, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                            num_experts=8, num_experts_per_tok=2)
+    Qwen3MoeForCausalLM(config).save_pretrained(tmp_path / "m", max_shard_size="30MB")  # ~75 MB of fp32
+    # A fixed mmap threshold: freed large blocks go back to the system at once, so RssAnon is
+    # what the load holds, not what glibc's heap kept after the warm-up's frees.
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
+    out = subprocess.run([sys.executable, "-c", _PEAK_OF_A_LOAD, str(tmp_path / "m"), str(tiny_models[0])],
+                         capture_output=True, text=True, check=True, env=env)
+    peak = json.loads(out.stdout.splitlines()[-1])["peak"]
+    assert peak < 1.3, peak
