@@ -8,7 +8,7 @@ import asyncio
 import hashlib
 
 from server.errors import ApiError
-from specdec import CompletionHandle, CompletionOptions, QueueFull, Result
+from specdec import CompletionHandle, CompletionOptions, OptionsError, QueueFull, Result
 
 
 def document_key(client: str, options: CompletionOptions) -> str:
@@ -42,6 +42,8 @@ class EngineBridge:
             return self.engine.submit(options)
         except QueueFull as err:
             raise ApiError(429, f"too many queued requests ({err}); retry shortly", kind="rate_limit") from None
+        except OptionsError as err:  # an option only the loaded model can check (a FIM order its family lacks)
+            raise ApiError(400, str(err), "fim_mode") from None
 
     async def run(self, options: CompletionOptions, request) -> Result:
         """Wait for the whole result; a client that disconnects cancels its generation.

@@ -6,6 +6,7 @@ are written here, with the server's own limits, for clients and for fuzzing (sch
 """
 
 from server.settings import Settings
+from specdec.options import FIM_MODES
 
 
 def _string(limit: int) -> dict:
@@ -19,7 +20,7 @@ def request_bodies(settings: Settings) -> dict:
     sampling = {"temperature": {"type": "number", "minimum": 0, "maximum": 5},
                 "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
                 "top_k": {"type": "integer", "minimum": 0}, "stream": {"type": "boolean"},
-                "context": {"enum": ["auto", "none"]}, "stop": stop}
+                "context": {"enum": ["auto", "none"]}, "fim_mode": {"enum": [*FIM_MODES, None]}, "stop": stop}
     chunk = {"type": "object", "properties": {"filename": {"type": "string"}, "text": suffix}}
     infill = {"type": "object", "properties": {
         "input_prefix": text, "input_suffix": suffix, "prompt": text,

@@ -5,6 +5,7 @@ import json
 from server.errors import ApiError
 from server.settings import Settings
 from specdec import CompletionOptions, OptionsError
+from specdec.options import FIM_MODES
 
 
 def _options(**fields) -> CompletionOptions:
@@ -113,7 +114,8 @@ def infill_request(body: dict, settings: Settings) -> dict:
         max_tokens=_tokens(body, "n_predict", 128, settings), n_indent=n_indent or None, stop=_stop_list(body),
         time_budget_ms=t_max, time_budget_after_newline=False, wait_budget_ms=t_wait,
         use_prompt_cache=_get(body, "cache_prompt", (bool,), True, none_ok=True),
-        path=_get(body, "path", (str,), None, none_ok=True), context=_context(body), **_sampling(body, 0.0, True),
+        path=_get(body, "path", (str,), None, none_ok=True), context=_context(body), fim_mode=_fim_mode(body),
+        **_sampling(body, 0.0, True),
     )
     stream = _get(body, "stream", (bool,), False, none_ok=True)
     slot = _get(body, "id_slot", (int,), -1, none_ok=True)
@@ -126,6 +128,13 @@ def _context(body) -> str:
     value = _get(body, "context", (str,), "auto", none_ok=True)
     if value not in ("auto", "none"):
         raise ApiError(400, "'context' must be \"auto\" (retrieve repository context) or \"none\"", "context")
+    return value
+
+
+def _fim_mode(body) -> str | None:
+    value = _get(body, "fim_mode", (str,), None, none_ok=True)
+    if value is not None and value not in FIM_MODES:
+        raise ApiError(400, f"'fim_mode' must be one of {', '.join(FIM_MODES)} (or null for the model's)", "fim_mode")
     return value
 
 
@@ -168,5 +177,5 @@ def completions_request(body: dict, settings: Settings) -> dict:
     model = _get(body, "model", (str,), settings.model_name, none_ok=True)
     options = _options(prefix=prompt, suffix=suffix, max_tokens=_tokens(body, "max_tokens", 16, settings),
                        stop=_stop_list(body), seed=_get(body, "seed", (int,), 0, none_ok=True),
-                       context=_context(body), **_sampling(body, 0.0, False))
+                       context=_context(body), fim_mode=_fim_mode(body), **_sampling(body, 0.0, False))
     return {"options": options, "stream": _get(body, "stream", (bool,), False, none_ok=True), "model": model}

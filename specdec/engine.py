@@ -17,12 +17,12 @@ import kernels
 from specdec.adapted import adapted_draft_for, check_fits
 from specdec.budget import VerifyCost
 from specdec.eagle import is_eagle3, load_eagle3
-from specdec.fim import PromptBuilder
+from specdec.fim import PromptBuilder, PromptError
 from specdec.generation import Generation
 from specdec.handle import CompletionHandle
 from specdec.history import SuggestionHistory
 from specdec.loader import load_model
-from specdec.options import CompletionOptions
+from specdec.options import CompletionOptions, OptionsError
 from specdec.policy import PolicyBook
 from specdec.prompt_cache import PromptCache
 from specdec.quantize import quantize_target
@@ -157,7 +157,12 @@ class Engine:
     # completing ---------------------------------------------------------------------------
 
     def submit(self, options: CompletionOptions) -> CompletionHandle:
-        """Queue one completion; raises QueueFull when too many wait."""
+        """Queue one completion; raises QueueFull when too many wait, OptionsError for a FIM
+        order the target's family lacks."""
+        try:
+            self.prompts.check_mode(options.fim_mode)
+        except PromptError as err:
+            raise OptionsError(str(err)) from None
         self.warm_up()
         if options.path is not None and self.index is not None:
             options = options.with_changes(path=self.index.relative(options.path))
@@ -196,9 +201,9 @@ class Engine:
     def reset_expert_load(self) -> None:
         self.target.reset_expert_load()
 
-    def prompt_for(self, prefix: str, suffix: str = "", path: str | None = None):
+    def prompt_for(self, prefix: str, suffix: str = "", path: str | None = None, fim_mode: str | None = None):
         """The Prompt (ids, healing, truncation) this engine would prefill for a cursor."""
-        return self.prompts.build(prefix, suffix, path=path)
+        return self.prompts.build(prefix, suffix, path=path, fim_mode=fim_mode)
 
     @property
     def tokenizer(self):

@@ -91,9 +91,10 @@ class PromptBuilder:
         return ids[len(head) :] if ids[: len(head)] == head else ids
 
     def build(self, prefix: str, suffix: str = "", extra=(), path: str | None = None, heal: bool = True,
-              reserve: int = 0) -> Prompt:
+              reserve: int = 0, fim_mode: str | None = None) -> Prompt:
         """reserve: tokens kept for the context chunks however long the file is (a fixed number,
-        so that the prefix's cut, and with it the prompt cache, stays put keystroke after keystroke)."""
+        so that the prefix's cut, and with it the prompt cache, stays put keystroke after keystroke);
+        fim_mode: this prompt's order, one the family has (check_mode), None for the builder's."""
         suffix_ids = self._encode_suffix(suffix)
         budget = self.max_tokens - FIXED_TOKENS - min(reserve, self.max_tokens // 2)
         keep_suffix = min(len(suffix_ids), budget // 4)
@@ -111,14 +112,22 @@ class PromptBuilder:
         context = self._context(extra, min(room, max(reserve, steady)))
         truncated |= context[1]
         bos = [self.special[self.format.bos]] if self.format.bos in self.special else []
-        return Prompt(bos + context[0] + self._ordered(prefix_ids, suffix_ids), healed, allowed, truncated, context[2],
-                      len(context[0]))
+        ordered = self._ordered(prefix_ids, suffix_ids, fim_mode or self.fim_mode)
+        return Prompt(bos + context[0] + ordered, healed, allowed, truncated, context[2], len(context[0]))
 
-    def _ordered(self, prefix_ids: list[int], suffix_ids: list[int]) -> list[int]:
+    def check_mode(self, fim_mode: str | None) -> None:
+        """Raises PromptError, naming the family's orders, when the family lacks `fim_mode`."""
+        if fim_mode is not None:
+            try:
+                order(self.format, fim_mode)
+            except FimFormatError as err:
+                raise PromptError(str(err)) from None
+
+    def _ordered(self, prefix_ids: list[int], suffix_ids: list[int], fim_mode: str) -> list[int]:
         fmt, sp = self.format, self.special
-        if self.fim_mode == "psm":
+        if fim_mode == "psm":
             return [sp[fmt.prefix], *prefix_ids, sp[fmt.suffix], *suffix_ids, sp[fmt.middle]]
-        if self.fim_mode == "suffix_first":
+        if fim_mode == "suffix_first":
             return [sp[fmt.suffix], *suffix_ids, sp[fmt.prefix], *prefix_ids]
         return [sp[fmt.prefix], sp[fmt.suffix], *suffix_ids, sp[fmt.middle], *prefix_ids]
 

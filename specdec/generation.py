@@ -167,7 +167,8 @@ class Generation:
         if options.context == "auto" and engine.index is not None:
             retrieved, self.stats.retrieval_ms = engine.contexts.chunks(engine.index, options)
             extra, reserve = tuple(options.extra) + retrieved, CONTEXT_RESERVE_TOKENS
-        self.prompt = engine.prompts.build(options.prefix, options.suffix, extra, options.path, reserve=reserve)
+        self.prompt = engine.prompts.build(options.prefix, options.suffix, extra, options.path, reserve=reserve,
+                                           fim_mode=options.fim_mode)
         self.stats.context_chunks, self.stats.context_tokens = self.prompt.context_chunks, self.prompt.context_tokens
         self.committed = ids = list(self.prompt.ids)
         entry, common = engine.prompt_cache.take(ids) if options.use_prompt_cache else (None, 0)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 STRATEGIES = ("ar", "draft", "ngram", "trie", "hybrid")
 MODES = ("auto", "single", "multi")
 CONTEXTS = ("auto", "none")
+FIM_MODES = ("psm", "spm", "suffix_first")
 
 
 class OptionsError(ValueError):
@@ -40,6 +41,7 @@ class CompletionOptions:
     document: str | None = None  # requests for the same document supersede each other
     slot: str | None = None  # and so do requests for the same client slot (llama.cpp's id_slot)
     context: str = "auto"  # auto: retrieve repository context when an index is attached; none: only `extra`
+    fim_mode: str | None = None  # the prompt's order for this request; None: the engine's (checked against its family at submit)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -48,6 +50,8 @@ class CompletionOptions:
             raise OptionsError(f"mode {self.mode!r}: expected one of {', '.join(MODES)}")
         if self.context not in CONTEXTS:
             raise OptionsError(f"context {self.context!r}: expected one of {', '.join(CONTEXTS)}")
+        if self.fim_mode is not None and self.fim_mode not in FIM_MODES:
+            raise OptionsError(f"fim_mode {self.fim_mode!r}: expected one of {', '.join(FIM_MODES)}")
         for name in ("time_budget_ms", "wait_budget_ms"):
             if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise OptionsError(f"{name} must be > 0")

@@ -107,3 +107,14 @@ def test_infill_retrieves_repository_context_unless_asked_not_to(live):
     assert off["context_chunks"] == 0 and off["context_tokens"] == 0
     bad = httpx.post(f"{live.url}/infill", json=dict(body, context="everything"), timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "context"
+
+
+def test_a_request_may_choose_its_fim_order_among_the_familys(live):
+    body = dict(VSCODE_BODY, cache_prompt=False)
+    for mode in ("psm", "spm", None):
+        r = httpx.post(f"{live.url}/infill", json=dict(body, fim_mode=mode), timeout=60)
+        assert r.status_code == 200, r.text
+    lacking = httpx.post(f"{live.url}/infill", json=dict(body, fim_mode="suffix_first"), timeout=60)
+    assert lacking.status_code == 400 and "qwen format has psm, spm" in lacking.json()["error"]["message"]
+    unknown = httpx.post(f"{live.url}/v1/completions", json={"prompt": "x = ", "fim_mode": "middle"}, timeout=60)
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "fim_mode"

@@ -237,3 +237,18 @@ def test_a_repetitive_suggestion_is_continued_from_where_the_user_is_along_it():
     (whole, _), *_ = history.continuations("doc", prefix)
     assert whole == suggestion[:320]
     assert history.typing_along("doc", prefix + suggestion[:-12])  # the last match is near the end; this one is not
+
+
+def test_a_request_may_choose_its_fim_order(engine, tiny_models):
+    _, prefix, suffix = code_prompts(1, seed=23, before=300)[0]
+    psm_engine = Engine(engine.target, engine.draft, adaptive=False, fim_mode="psm")
+    asked = engine.complete(prefix, suffix, strategy="ar", max_tokens=8, mode="multi", fim_mode="psm",
+                            use_prompt_cache=False)
+    built = psm_engine.complete(prefix, suffix, strategy="ar", max_tokens=8, mode="multi", use_prompt_cache=False)
+    default = engine.complete(prefix, suffix, strategy="ar", max_tokens=8, mode="multi", use_prompt_cache=False)
+    assert engine.prompt_for(prefix, suffix, fim_mode="psm").ids == psm_engine.prompt_for(prefix, suffix).ids
+    assert asked.tokens == built.tokens and asked.tokens != default.tokens  # the engine's own order is spm
+    with pytest.raises(OptionsError, match="fim mode 'suffix_first': the qwen format has psm, spm"):
+        engine.submit(CompletionOptions(prefix, suffix, fim_mode="suffix_first"))
+    with pytest.raises(OptionsError, match="fim_mode"):
+        CompletionOptions(prefix, fim_mode="middle_first")
