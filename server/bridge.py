@@ -43,7 +43,7 @@ class EngineBridge:
         except QueueFull as err:
             raise ApiError(429, f"too many queued requests ({err}); retry shortly", kind="rate_limit") from None
         except OptionsError as err:  # an option only the loaded model can check (a FIM order its family lacks)
-            raise ApiError(400, str(err), "fim_mode") from None
+            raise ApiError(400, str(err), err.field) from None
 
     async def run(self, options: CompletionOptions, request) -> Result:
         """Wait for the whole result; a client that disconnects cancels its generation.

@@ -14,7 +14,7 @@ from pathlib import Path
 from specdec.config import ConfigError
 from specdec.distributed import ExpertParallelError
 from specdec.loader import CheckpointError
-from specdec.options import CONTEXTS, MODES, STRATEGIES, CompletionOptions
+from specdec.options import CONTEXTS, FIM_MODES, MODES, STRATEGIES, CompletionOptions
 from specdec.quantize import QUANTIZATIONS
 
 COMMAND_GROUP = "specdec.commands"
@@ -106,7 +106,7 @@ def _adapt(args) -> int:
 def add_model_arguments(parser) -> None:
     parser.add_argument("--target", type=Path, help="an HF-layout target model directory")
     parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory, or an EAGLE-3 head's")
-    parser.add_argument("--fim-mode", choices=("psm", "spm", "suffix_first"),
+    parser.add_argument("--fim-mode", choices=FIM_MODES,
                         help="the FIM order (default: the target's config.json, else its family's own)")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, default="none",
                         help="int8: the target's weights in int8 on the CPU (a quarter of the bytes; the "

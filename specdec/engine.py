@@ -17,7 +17,8 @@ import kernels
 from specdec.adapted import adapted_draft_for, check_fits
 from specdec.budget import VerifyCost
 from specdec.eagle import is_eagle3, load_eagle3
-from specdec.fim import PromptBuilder, PromptError
+from specdec.fim import PromptBuilder
+from specdec.fim_formats import FimFormatError, order
 from specdec.generation import Generation
 from specdec.handle import CompletionHandle
 from specdec.history import SuggestionHistory
@@ -159,10 +160,11 @@ class Engine:
     def submit(self, options: CompletionOptions) -> CompletionHandle:
         """Queue one completion; raises QueueFull when too many wait, OptionsError for a FIM
         order the target's family lacks."""
-        try:
-            self.prompts.check_mode(options.fim_mode)
-        except PromptError as err:
-            raise OptionsError(str(err)) from None
+        if options.fim_mode is not None:
+            try:
+                order(self.prompts.format, options.fim_mode)
+            except FimFormatError as err:
+                raise OptionsError(str(err), "fim_mode") from None
         self.warm_up()
         if options.path is not None and self.index is not None:
             options = options.with_changes(path=self.index.relative(options.path))

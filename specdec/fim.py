@@ -94,7 +94,7 @@ class PromptBuilder:
               reserve: int = 0, fim_mode: str | None = None) -> Prompt:
         """reserve: tokens kept for the context chunks however long the file is (a fixed number,
         so that the prefix's cut, and with it the prompt cache, stays put keystroke after keystroke);
-        fim_mode: this prompt's order, one the family has (check_mode), None for the builder's."""
+        fim_mode: this prompt's order, one the family has (checked at submit), None for the builder's."""
         suffix_ids = self._encode_suffix(suffix)
         budget = self.max_tokens - FIXED_TOKENS - min(reserve, self.max_tokens // 2)
         keep_suffix = min(len(suffix_ids), budget // 4)
@@ -114,14 +114,6 @@ class PromptBuilder:
         bos = [self.special[self.format.bos]] if self.format.bos in self.special else []
         ordered = self._ordered(prefix_ids, suffix_ids, fim_mode or self.fim_mode)
         return Prompt(bos + context[0] + ordered, healed, allowed, truncated, context[2], len(context[0]))
-
-    def check_mode(self, fim_mode: str | None) -> None:
-        """Raises PromptError, naming the family's orders, when the family lacks `fim_mode`."""
-        if fim_mode is not None:
-            try:
-                order(self.format, fim_mode)
-            except FimFormatError as err:
-                raise PromptError(str(err)) from None
 
     def _ordered(self, prefix_ids: list[int], suffix_ids: list[int], fim_mode: str) -> list[int]:
         fmt, sp = self.format, self.special

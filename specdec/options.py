@@ -13,7 +13,12 @@ FIM_MODES = ("psm", "spm", "suffix_first")
 
 
 class OptionsError(ValueError):
-    """An option out of its range; the message names the option."""
+    """An option out of its range; the message names the option, and `field` does where a
+    caller needs it apart (an HTTP error's param)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
