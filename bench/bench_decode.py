@@ -2,7 +2,7 @@
 against llama.cpp's llama-bench on the same weights, depths and thread count.
 
     python bench/bench_decode.py [--models DIR] [--threads 2] [--rounds 5] [--depths 512,1200,2048]
-                                 [--variants eager,int8,compiled] [--llamacpp LLAMA_CPP_DIR]
+                                 [--variants native,eager,int8,compiled] [--llamacpp LLAMA_CPP_DIR]
                                  [--out bench/results/bench_decode.json]
 
 Figures, each the median over rounds that interleave every contender (a slow spell of the
@@ -101,8 +101,15 @@ def hf_decode(model, ids, depth: int) -> tuple[float, list]:
 def load_variant(models: Path, variant: str):
     """(model, seconds to load it ready, compile included)."""
     started = time.perf_counter()
-    model = load_model(models / "target")
-    if variant == "int8":
+    model = load_model(models / "target")  # with the native decode step where it runs
+    if variant == "eager":
+        model.native_decode = None
+    elif variant == "native":
+        if model.native_decode is None:
+            from specdec.native import unsupported
+
+            raise SystemExit(f"no native decode step: {unsupported(model) or 'no C compiler'}")
+    elif variant == "int8":
         from specdec.quantize import quantize_int8
 
         quantize_int8(model)
@@ -110,8 +117,8 @@ def load_variant(models: Path, variant: str):
         from specdec.compiled import compile_step
 
         compile_step(model)
-    elif variant != "eager":
-        raise SystemExit(f"unknown variant {variant!r}: eager, int8, compiled")
+    else:
+        raise SystemExit(f"unknown variant {variant!r}: native, eager, int8, compiled")
     return model, time.perf_counter() - started
 
 
@@ -160,7 +167,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--depths", default="512,1200,2048")
-    p.add_argument("--variants", default="eager", help="comma-separated: eager, int8, compiled")
+    p.add_argument("--variants", default="native,eager", help="comma-separated: native, eager, int8, compiled")
     p.add_argument("--llamacpp", type=Path, help="a llama.cpp source tree with llama-bench built")
     p.add_argument("--no-transformers", action="store_true")
     p.add_argument("--out", type=Path)
@@ -221,7 +228,9 @@ def _report(args, depths, samples, tokens, startup) -> dict:
             ratios[f"{name}/decode_speed_vs_transformers/{depths[0]}"] = round(hf_ms / medians[f"{name}/decode_ms/{depths[0]}"], 3)
     report["speed_ratios"] = ratios
     hf_tokens = tokens.get(("transformers", depths[0]))
-    report["same_tokens_as_transformers"] = None if hf_tokens is None else hf_tokens == tokens.get(("eager", depths[0]))
+    # Each fp32 variant's greedy tokens against transformers' (int8 is another model's own).
+    report["same_tokens_as_transformers"] = None if hf_tokens is None else all(
+        tokens[name, depths[0]] == hf_tokens for name in startup if name != "int8")
     return report
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from specdec import native
 from specdec.model import EAGER_STEP, Segment, StepParts, Transformer
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ def compile_step(model: Transformer, warm_up: bool = True) -> float:
     # would then specialise a prefill chunk of 512 tokens on an intermediate size of 512).
     torch.fx.experimental._config.use_duck_shape = False
     started = time.perf_counter()
+    model.native_decode = None  # the compiled step is then the whole forward
     model.step = StepParts(*(torch.compile(part, dynamic=True, fullgraph=True) for part in EAGER_STEP))
     if warm_up:
         _warm_up(model)
@@ -65,6 +67,7 @@ def compile_step(model: Transformer, warm_up: bool = True) -> float:
 
 def uncompile_step(model: Transformer) -> None:
     model.step = EAGER_STEP
+    native.bind(model)
 
 
 @torch.inference_mode()

@@ -18,6 +18,7 @@ import weakref
 import torch
 
 import kernels
+from specdec import native
 from specdec.distributed import OP_FORWARD, OP_HEARTBEAT, OP_STOP, Channel, ExpertParallelError, placement
 from specdec.kvcache import KVCache
 from specdec.model import Segment, SparseMoeBlock, Transformer
@@ -150,6 +151,7 @@ def load_sharded(path, channel: Channel, layouts: list[list[list[int]]] | None =
         block.__class__ = ShardedMoe
         block.shard(channel, layout)
     model.expert_layouts = layouts
+    native.bind(model)  # a shard's experts are not the whole layer: it decodes eagerly
     return model
 
 

@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from specdec import native
 from specdec.config import GPT_OSS, ModelConfig
 from specdec.model import SparseMoeBlock, Transformer
 
@@ -62,6 +63,7 @@ def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = N
     model.tokenizer = _load_tokenizer(path)
     model.path = path
     model.fuse_for_inference()
+    native.bind(model)
     return model.eval()
 
 

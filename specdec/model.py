@@ -272,11 +272,16 @@ class SparseMoeBlock(nn.Module):
         """(weights, expert ids) [N, A] of each token, counted into the load statistics."""
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize, self.routing, self.groups)
         if not torch.compiler.is_compiling():  # a compiled step keeps no statistics (specdec/compiled.py)
-            self.latest_ids = ids
-            self.uncounted_ids.append(ids)
-            if len(self.uncounted_ids) >= self.COUNT_EVERY:
-                self.count_routed()
+            self.file_ids(ids)
         return (weights * self.routed_scale if self.routed_scale != 1.0 else weights), ids
+
+    def file_ids(self, ids) -> None:
+        """Keep a forward's expert ids [N, A] for the load statistics (the native decode step
+        files its own)."""
+        self.latest_ids = ids
+        self.uncounted_ids.append(ids)
+        if len(self.uncounted_ids) >= self.COUNT_EVERY:
+            self.count_routed()
 
     def count_routed(self) -> None:
         """Fold the ids kept since the last count into tokens_per_expert."""
@@ -355,6 +360,13 @@ def _last(model, layer, x, attended, rows):
     return logits if model.config.logits_scaling == 1.0 else logits / model.config.logits_scaling
 
 
+def _one_plain_token(input_ids, segments, logits_rows) -> bool:
+    """A decode step: one token of one sequence, no tree, its logits wanted."""
+    if input_ids.numel() != 1 or len(segments) != 1 or segments[0].tree_mask is not None:
+        return False
+    return logits_rows is None or len(logits_rows) == 1
+
+
 class StepParts(NamedTuple):
     """The per-token stretches of a forward, between the attentions that read each sequence's
     cache: eager here, compiled by specdec/compiled.py (same functions, same signatures)."""
@@ -369,6 +381,7 @@ EAGER_STEP = StepParts(_first, _seam, _last)
 
 class Transformer(nn.Module):
     step = EAGER_STEP  # an instance's own StepParts once compiled (specdec/compiled.py)
+    native_decode = None  # a one-token, one-sequence step in one native call (specdec/native.py)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -406,6 +419,10 @@ class Transformer(nn.Module):
         # Tied to the embedding, whose row lookups want the checkpoint layout: a copy of it.
         self._lm_head = CpuLogitsHead(self.lm_head.weight.detach())
 
+    def _apply(self, fn, *args, **kwargs):
+        self.native_decode = None  # .to(), .float(), .cuda() move the weights it points at
+        return super()._apply(fn, *args, **kwargs)
+
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -436,6 +453,9 @@ class Transformer(nn.Module):
         Writes the new tokens' keys and values into each segment's cache as pending entries;
         the caller keeps or drops them (KVCache.keep / keep_all).
         """
+        native = self.native_decode
+        if native is not None and _one_plain_token(input_ids, segments, logits_rows) and native.still_bound():
+            return self.native_decode(int(input_ids[0]), int(positions[0]), segments[0].cache)
         for seg in segments:
             seg.cache.reserve(seg.length)
         step, layers = self.step, self.model.layers

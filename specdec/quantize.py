@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from kernels.moe_torch import sum_over_experts, sum_over_slots, swiglu
+from specdec import native
 from specdec.model import Attention, DenseMLP, GeluMLP, SparseMoeBlock, Transformer
 from specdec.ops import Projection
 
@@ -118,6 +119,7 @@ def quantize_int8(model: Transformer) -> Transformer:
     head = getattr(model, "_lm_head", None)
     model._lm_head = Int8Weight(head.weight if isinstance(head, Projection) else model.lm_head.weight)
     model.quantization = "int8"
+    native.bind(model)  # the native decode step reads fp32 weights: int8 decodes eagerly
     return model
 
 

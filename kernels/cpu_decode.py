@@ -1,0 +1,133 @@
+"""The native CPU decode step (cpu_decode.c): built on first use with the system's C compiler,
+cached on disk, called through ctypes.
+
+The library is compiled for the machine it runs on (-march=native) and cached under a name
+that hashes the source, the flags, the compiler and the CPU's feature flags, so a shared cache
+directory never hands one machine another's build. It links the OpenMP runtime PyTorch has
+already loaded (libgomp.so.1), so its parallel regions use torch's threads and thread count.
+Where no compiler is found, or the build fails, `library()` says why and callers stay eager.
+"""
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # noqa: F401  (loads the OpenMP runtime the library shares)
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_decode.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
+ABI_VERSION = 2
+MAX_EXPERTS, MAX_TOP_K = 256, 64  # the C step's fixed routing buffers
+
+
+class Mat(ctypes.Structure):
+    """A matrix where it lies: y[r] = sum_c w[r * s_row + c * s_col] x[c]."""
+
+    _fields_ = [("w", ctypes.c_void_p), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
+                ("s_row", ctypes.c_int64), ("s_col", ctypes.c_int64)]
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> "Mat":
+        """A 2-D fp32 view with unit stride along one of its dimensions."""
+        if tensor.dim() != 2 or tensor.dtype != torch.float32 or 1 not in tensor.stride():
+            raise ValueError(f"not a matrix the native step reads: {tuple(tensor.shape)} {tensor.dtype} "
+                             f"strides {tensor.stride()}")
+        return cls(tensor.data_ptr(), *tensor.shape, *tensor.stride())
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("qkv", Mat),
+                ("qkv_bias", ctypes.c_void_p), ("qk_norm", ctypes.c_void_p), ("o", Mat), ("o_bias", ctypes.c_void_p),
+                ("num_experts", ctypes.c_int64), ("router", Mat), ("router_bias", ctypes.c_void_p),
+                ("gate", Mat), ("up", Mat), ("down", Mat),
+                ("gate_up_expert_stride", ctypes.c_int64), ("down_expert_stride", ctypes.c_int64)]
+
+
+class Model(ctypes.Structure):
+    _fields_ = [("hidden", ctypes.c_int64), ("num_layers", ctypes.c_int64), ("heads", ctypes.c_int64),
+                ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("vocab", ctypes.c_int64),
+                ("intermediate", ctypes.c_int64), ("top_k", ctypes.c_int64), ("renormalize", ctypes.c_int64),
+                ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("rope_factor", ctypes.c_float),
+                ("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("lm_head", Mat),
+                ("inv_freq", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer)), ("capture", ctypes.c_void_p)]
+
+
+def pointer(tensor: torch.Tensor | None) -> int | None:
+    """A contiguous fp32 vector's address (None stays NULL)."""
+    if tensor is None:
+        return None
+    if tensor.dtype != torch.float32 or not tensor.is_contiguous():
+        raise ValueError(f"not a vector the native step reads: {tuple(tensor.shape)} {tensor.dtype}")
+    return tensor.data_ptr()
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("SPECDEC_NATIVE_CACHE")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec" / "native"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build(compiler: str) -> Path:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode()).hexdigest()
+    target = cache_dir() / f"cpu_decode-{key[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{compiler} failed: {done.stderr[-1500:]}")
+        os.replace(built, target)  # atomic: a concurrent build lands the same bytes
+    return target
+
+
+_LIBRARY: list = []  # [ctypes.CDLL or None], filled once
+_WHY_NOT: list = []
+
+
+def library() -> ctypes.CDLL | None:
+    """The built library, or None (why_not() says why); built once per process."""
+    if _LIBRARY:
+        return _LIBRARY[0]
+    lib = None
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    try:
+        if compiler is None:
+            raise RuntimeError("no C compiler (gcc or cc) on PATH")
+        lib = ctypes.CDLL(str(_build(compiler)))
+        if lib.specdec_abi_version() != ABI_VERSION:
+            raise RuntimeError("stale build of cpu_decode.c")
+        lib.specdec_decode.restype = ctypes.c_int
+        lib.specdec_decode.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    except (OSError, RuntimeError) as error:
+        _WHY_NOT.append(str(error))
+        log.warning("native CPU decode step unavailable, decoding eagerly: %s", error)
+        lib = None
+    _LIBRARY.append(lib)
+    return lib
+
+
+def why_not() -> str | None:
+    return _WHY_NOT[0] if _WHY_NOT else None

@@ -1,0 +1,165 @@
+"""A decode step in one native call: a Transformer's weights bound to kernels/cpu_decode.c.
+
+A single-sequence, single-token forward (plain decoding, a draft's steps, a declined
+speculation) is where a small model on the CPU spends its time in dispatch, not arithmetic;
+the native step runs it whole. Everything else (trees, batches, prefill chunks) stays eager,
+where each op is large enough to carry its dispatch.
+
+The binding reads the model's weights where they lie, in the layout fuse_for_inference left
+them (input-major or not), so it holds no copy. It covers the families whose layers are plain
+enough: fp32 on the CPU, RMSNorm, grouped-query attention with optional q/k norms and biases,
+plain or scaled RoPE, dense SwiGLU or softmax-top-k SwiGLU experts; `unsupported()` names
+what stops any other model, which then decodes eagerly. Anything that rewrites the weights or
+the forward after loading (int8, expert-parallel shards, the compiled step) drops the binding.
+"""
+
+import ctypes
+import logging
+import os
+
+import torch
+
+from kernels import cpu_decode
+from specdec.kvcache import KVCache
+from specdec.model import Attention, DenseMLP, SparseMoeBlock, Transformer
+from specdec.ops import CpuLogitsHead, Projection
+
+log = logging.getLogger(__name__)
+
+
+class NativeDecode:
+    """Callable: (token, position, cache) -> logits [1, V]; writes the token's keys and values
+    into the cache as its pending row, as the eager forward does."""
+
+    def __init__(self, model: Transformer, lib):
+        cfg, self.lib, self.model = model.config, lib, model
+        self.moe_blocks = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, SparseMoeBlock)]
+        self.keep = []  # tensors whose addresses the descriptors hold
+        layers = (cpu_decode.Layer * cfg.num_layers)(*(self._layer(layer) for layer in model.model.layers))
+        self.capture_layers, self.capture = (), torch.zeros(cfg.num_layers, dtype=torch.int32)
+        inv_freq, factor = self._rope(model)
+        head = getattr(model, "_lm_head", None)
+        lm_head = head.output_major if isinstance(head, CpuLogitsHead) else model.lm_head.weight
+        self.keep += [layers, inv_freq]
+        self.desc = cpu_decode.Model(
+            cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size,
+            max(layer.gate.rows for layer in layers), cfg.top_k if self.moe_blocks else 0,
+            int(bool(cfg.norm_topk_prob)), cfg.rms_norm_eps,
+            cfg.head_dim ** -0.5 if cfg.attention_scale is None else cfg.attention_scale, factor,
+            cpu_decode.pointer(model.model.embed_tokens.weight), cpu_decode.pointer(model.model.norm.weight),
+            cpu_decode.Mat.of(lm_head), inv_freq.data_ptr(), layers, self.capture.data_ptr())
+        self.desc_ref = ctypes.byref(self.desc)
+        self.embed_ptr = model.model.embed_tokens.weight.data_ptr()
+        self.vocab, self.top_k, self.hidden = cfg.vocab_size, max(cfg.top_k, 1), cfg.hidden_size
+
+    def _layer(self, layer) -> cpu_decode.Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv_bias, o_bias = attn._qkv.bias, attn.o_proj.bias
+        desc = cpu_decode.Layer(
+            attn_norm=cpu_decode.pointer(layer.input_layernorm.weight),
+            post_norm=cpu_decode.pointer(layer.post_attention_layernorm.weight),
+            qkv=cpu_decode.Mat.of(attn._qkv.weight), qkv_bias=cpu_decode.pointer(qkv_bias),
+            qk_norm=cpu_decode.pointer(getattr(attn, "_qk_norm_weight", None)),
+            o=cpu_decode.Mat.of(attn.o_proj.weight), o_bias=cpu_decode.pointer(o_bias))
+        if isinstance(mlp, SparseMoeBlock):
+            gate_up, down = mlp.experts.gate_up_proj.detach(), mlp.experts.down_proj.detach()
+            intermediate = down.shape[2]
+            router = mlp.gate.weight.detach().contiguous()
+            self.keep.append(router)
+            desc.num_experts, desc.router = gate_up.shape[0], cpu_decode.Mat.of(router)
+            desc.router_bias = cpu_decode.pointer(mlp.gate.bias)
+            desc.gate, desc.up = cpu_decode.Mat.of(gate_up[0, :intermediate]), cpu_decode.Mat.of(gate_up[0, intermediate:])
+            desc.down = cpu_decode.Mat.of(down[0])
+            desc.gate_up_expert_stride, desc.down_expert_stride = gate_up.stride(0), down.stride(0)
+        else:
+            desc.gate, desc.up = cpu_decode.Mat.of(mlp.gate_proj.weight), cpu_decode.Mat.of(mlp.up_proj.weight)
+            desc.down = cpu_decode.Mat.of(mlp.down_proj.weight)
+        return desc
+
+    @staticmethod
+    def _rope(model) -> tuple[torch.Tensor, float]:
+        """RoPE's inverse frequencies [D/2] and attention factor, as ops.rope_cos_sin takes them."""
+        cfg = model.config
+        if model.rope_frequencies is None:
+            dims = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32)
+            return 1.0 / (cfg.rope_theta ** (dims / cfg.head_dim)), 1.0
+        inv_freq, factor = model.rope_frequencies
+        return inv_freq.to(torch.float32).contiguous(), float(factor)
+
+    def still_bound(self) -> bool:
+        """False once the weights were moved or replaced (Transformer._apply drops the binding;
+        this catches an assigned state dict)."""
+        return self.model.model.embed_tokens.weight.data_ptr() == self.embed_ptr
+
+    def __call__(self, token: int, position: int, cache: KVCache) -> torch.Tensor:
+        if self.capture_layers != self.model.capture_layers:  # an EAGLE-3 head attached or left
+            self.capture_layers = tuple(self.model.capture_layers)
+            self.capture.zero_()[list(self.capture_layers)] = 1
+        cache.reserve(1)
+        logits = torch.empty(1, self.vocab)
+        ids = torch.empty(len(self.moe_blocks), self.top_k, dtype=torch.long)
+        captured = torch.empty(1, len(self.capture_layers) * self.hidden) if self.capture_layers else None
+        status = self.lib.specdec_decode(
+            self.desc_ref, token, position, cache.keys.data_ptr(), cache.values.data_ptr(), cache.capacity,
+            cache.length, logits.data_ptr(), ids.data_ptr(), None if captured is None else captured.data_ptr(),
+            torch.get_num_threads())
+        if status:
+            raise MemoryError("the native decode step could not allocate its scratch memory")
+        for block, block_ids in zip(self.moe_blocks, ids, strict=True):
+            block.file_ids(block_ids[None])
+        self.model.captured = captured
+        return logits
+
+
+def unsupported(model: Transformer) -> str | None:
+    """Why the native step cannot run `model`, or None when it can."""
+    cfg = model.config
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return f"{model.dtype} on {model.device} (the native step is fp32 on the CPU)"
+    if cfg.layer_norm or cfg.residual_multiplier != 1.0 or cfg.embedding_multiplier != 1.0 or cfg.logits_scaling != 1.0:
+        return "LayerNorm or scaled residuals, embeddings or logits"
+    if cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
+        return "odd head dimension or uneven query groups"
+    head = getattr(model, "_lm_head", None)
+    if head is not None and not isinstance(head, CpuLogitsHead):
+        return "a quantized lm_head"
+    for layer in model.model.layers:
+        reason = _layer_unsupported(layer)
+        if reason:
+            return reason
+    return None
+
+
+def _layer_unsupported(layer) -> str | None:
+    attn, mlp = layer.self_attn, layer.mlp
+    if type(attn) is not Attention or type(getattr(attn, "_qkv", None)) is not Projection:
+        return "latent attention, or attention not fused for inference"
+    if hasattr(attn, "sinks") or attn.window:
+        return "attention sinks or a sliding window"
+    if type(mlp) is SparseMoeBlock:
+        if mlp.routing != "softmax_topk" or mlp.groups or mlp.routed_scale != 1.0 or hasattr(mlp, "shared_expert"):
+            return "routing other than softmax top-k, or a shared expert"
+        if mlp.activation() is not None or hasattr(mlp.experts, "run"):
+            return "expert biases, a clamped SwiGLU or quantized experts"
+        if mlp.experts.gate_up_proj.shape[0] > cpu_decode.MAX_EXPERTS or mlp.top_k > cpu_decode.MAX_TOP_K:
+            return "more experts than the native step routes"
+    elif type(mlp) is not DenseMLP:
+        return f"a {type(mlp).__name__} MLP"
+    return None
+
+
+def bind(model: Transformer) -> bool:
+    """Give `model` the native decode step where it can run; True when it did.
+    SPECDEC_NATIVE=0 keeps every model eager."""
+    model.native_decode = None
+    if os.environ.get("SPECDEC_NATIVE", "1") == "0":
+        return False
+    reason = unsupported(model)
+    if reason:
+        log.info("decoding %s eagerly: %s", model.path or "a model", reason)
+        return False
+    lib = cpu_decode.library()
+    if lib is None:
+        return False
+    model.native_decode = NativeDecode(model, lib)
+    return True
