@@ -21,6 +21,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+/* glibc's vector expf (libmvec), which the compiler calls from vectorised loops; glibc declares
+ * it only under -ffast-math, whose reassociation this file does not want. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__FAST_MATH__) && !defined(SPECDEC_NO_MVEC)
+__attribute__((__simd__("notinbranch"))) float expf(float);
+#endif
 
 /* y[r] = sum_c W[r * s_row + c * s_col] x[c] for r < rows, c < cols: s_col == 1 is the
  * checkpoint's [out, in] layout, s_row == 1 the input-major one. */
@@ -52,6 +61,7 @@ typedef struct {
     const float *inv_freq;   /* [D / 2] */
     const Layer *layers;
     const int32_t *capture;  /* [num_layers]: 1 copies that layer's input to capture_out */
+    int64_t capture_count;   /* layers marked in capture */
 } Model;
 
 static inline float dot(const float *a, const float *b, int64_t n) {
@@ -61,43 +71,57 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return acc;
 }
 
-/* The rows [r0, r1) of y = W x (+ bias); each thread calls it with its own range. */
-static void gemv_rows(const Mat *m, const float *x, float *y, const float *bias, int64_t r0, int64_t r1) {
+/* The rows [r0, r1) of Y = X W^T (+ bias) for n input rows X [n, ldx] into Y [n, ldy]; each
+ * thread calls it with its own range. Weight rows are read once for all n inputs. */
+static void gemm_rows(const Mat *m, const float *X, int64_t ldx, float *Y, int64_t ldy, int64_t n, const float *bias,
+                      int64_t r0, int64_t r1) {
     if (m->s_col == 1) {
         int64_t r = r0;
         for (; r + 4 <= r1; r += 4) { /* four rows share each load of x */
             const float *w0 = m->w + r * m->s_row, *w1 = w0 + m->s_row, *w2 = w1 + m->s_row, *w3 = w2 + m->s_row;
-            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+            for (int64_t t = 0; t < n; t++) {
+                const float *x = X + t * ldx;
+                float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
 #pragma omp simd reduction(+ : a0, a1, a2, a3)
-            for (int64_t c = 0; c < m->cols; c++) {
-                a0 += w0[c] * x[c];
-                a1 += w1[c] * x[c];
-                a2 += w2[c] * x[c];
-                a3 += w3[c] * x[c];
+                for (int64_t c = 0; c < m->cols; c++) {
+                    a0 += w0[c] * x[c];
+                    a1 += w1[c] * x[c];
+                    a2 += w2[c] * x[c];
+                    a3 += w3[c] * x[c];
+                }
+                float *y = Y + t * ldy + r;
+                y[0] = a0, y[1] = a1, y[2] = a2, y[3] = a3;
             }
-            y[r] = a0, y[r + 1] = a1, y[r + 2] = a2, y[r + 3] = a3;
         }
-        for (; r < r1; r++) y[r] = dot(m->w + r * m->s_row, x, m->cols);
+        for (; r < r1; r++)
+            for (int64_t t = 0; t < n; t++) Y[t * ldy + r] = dot(m->w + r * m->s_row, X + t * ldx, m->cols);
     } else { /* input-major: accumulate column by column over this thread's contiguous rows */
-        float *out = y + r0;
-        const int64_t n = r1 - r0;
-        memset(out, 0, (size_t)n * sizeof(float));
+        const int64_t width = r1 - r0;
+        for (int64_t t = 0; t < n; t++) memset(Y + t * ldy + r0, 0, (size_t)width * sizeof(float));
         int64_t c = 0;
         for (; c + 4 <= m->cols; c += 4) {
             const float *w0 = m->w + c * m->s_col + r0, *w1 = w0 + m->s_col, *w2 = w1 + m->s_col, *w3 = w2 + m->s_col;
-            const float x0 = x[c], x1 = x[c + 1], x2 = x[c + 2], x3 = x[c + 3];
+            for (int64_t t = 0; t < n; t++) {
+                const float *x = X + t * ldx;
+                const float x0 = x[c], x1 = x[c + 1], x2 = x[c + 2], x3 = x[c + 3];
+                float *out = Y + t * ldy + r0;
 #pragma omp simd
-            for (int64_t i = 0; i < n; i++) out[i] += x0 * w0[i] + x1 * w1[i] + x2 * w2[i] + x3 * w3[i];
+                for (int64_t i = 0; i < width; i++) out[i] += x0 * w0[i] + x1 * w1[i] + x2 * w2[i] + x3 * w3[i];
+            }
         }
         for (; c < m->cols; c++) {
             const float *w0 = m->w + c * m->s_col + r0;
-            const float x0 = x[c];
+            for (int64_t t = 0; t < n; t++) {
+                const float x0 = X[t * ldx + c];
+                float *out = Y + t * ldy + r0;
 #pragma omp simd
-            for (int64_t i = 0; i < n; i++) out[i] += x0 * w0[i];
+                for (int64_t i = 0; i < width; i++) out[i] += x0 * w0[i];
+            }
         }
     }
     if (bias)
-        for (int64_t r = r0; r < r1; r++) y[r] += bias[r];
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t r = r0; r < r1; r++) Y[t * ldy + r] += bias[r];
 }
 
 /* This thread's share of `rows`, in blocks of 16 so that vector loops stay aligned. */
@@ -110,10 +134,11 @@ static void share(int64_t rows, int64_t *r0, int64_t *r1) {
     if (*r1 > rows) *r1 = rows;
 }
 
-static void gemv(const Mat *m, const float *x, float *y, const float *bias) {
+/* Y = X W^T (+ bias) for n rows, this thread's share of W's rows (no barrier). */
+static void gemm(const Mat *m, const float *X, int64_t ldx, float *Y, int64_t ldy, int64_t n, const float *bias) {
     int64_t r0, r1;
     share(m->rows, &r0, &r1);
-    if (r0 < r1) gemv_rows(m, x, y, bias, r0, r1);
+    if (r0 < r1) gemm_rows(m, X, ldx, Y, ldy, n, bias, r0, r1);
 }
 
 static Mat expert(const Mat *m, int64_t index, int64_t stride) {
@@ -160,129 +185,270 @@ static void route(const Model *m, const float *logits, int64_t experts, int64_t 
         for (int64_t k = 0; k < m->top_k; k++) weights[k] /= chosen;
 }
 
-/* One query head over the cache's first `count` positions of its key/value head. */
-static void attend_head(const float *q, const float *keys, const float *values, int64_t count, int64_t dim,
-                        float scale, float *scores, float *out) {
-    float peak = -INFINITY, total = 0.0f;
-    for (int64_t j = 0; j < count; j++) {
-        const float s = dot(q, keys + j * dim, dim) * scale;
-        scores[j] = s;
-        peak = s > peak ? s : peak;
+/* scores[j] = q . keys[j] * scale for j < count, keys [count, dim] in rows. */
+static void scores_of(const float *q, const float *keys, int64_t count, int64_t dim, float scale, float *scores) {
+    int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (dim % 8 == 0) { /* eight keys at a time, their eight sums reduced together */
+        const __m256 factor = _mm256_set1_ps(scale);
+        for (; j + 8 <= count; j += 8) {
+            __m256 acc[8];
+            for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
+            for (int64_t d = 0; d < dim; d += 8) {
+                const __m256 qd = _mm256_loadu_ps(q + d);
+                for (int l = 0; l < 8; l++) acc[l] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + (j + l) * dim + d), acc[l]);
+            }
+            const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+            const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+            const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+            _mm256_storeu_ps(scores + j, _mm256_mul_ps(sums, factor));
+        }
     }
+#endif
+    for (; j < count; j++) scores[j] = dot(q, keys + j * dim, dim) * scale;
+}
+
+/* One query head over the cache's committed rows [0, length) and the visible ones of the n new
+ * rows after them (visible[j], or all of them when visible is NULL). */
+static void attend_head(const float *q, const float *keys, const float *values, int64_t length, int64_t n,
+                        const uint8_t *visible, int64_t dim, float scale, float *scores, float *out) {
+    const int64_t count = length + n;
+    float peak = -INFINITY, total = 0.0f;
+    scores_of(q, keys, count, dim, scale, scores);
+    for (int64_t j = length; j < count; j++)
+        if (visible && !visible[j - length]) scores[j] = -INFINITY;
+#pragma omp simd reduction(max : peak)
+    for (int64_t j = 0; j < count; j++) peak = scores[j] > peak ? scores[j] : peak;
 #pragma omp simd reduction(+ : total)
     for (int64_t j = 0; j < count; j++) total += scores[j] = expf(scores[j] - peak);
     memset(out, 0, (size_t)dim * sizeof(float));
     for (int64_t j = 0; j < count; j++) {
         const float p = scores[j] / total;
+        if (p == 0.0f) continue;
         const float *v = values + j * dim;
 #pragma omp simd
         for (int64_t d = 0; d < dim; d++) out[d] += p * v[d];
     }
 }
 
-int64_t specdec_abi_version(void) { return 2; }
+int64_t specdec_abi_version(void) { return 3; }
 
-/* keys/values: the sequence's cache [L, 1, Hkv, capacity, D]; the new token goes to row
- * `length`, and attention reads rows [0, length]. logits [V]; ids_out [layers with experts, k];
- * capture_out [captured layers * H] or NULL; threads: the caller's (torch's) thread count,
- * which is the calling thread's own setting. Returns 0, or -1 when scratch memory is lacking. */
-int specdec_decode(const Model *m, int64_t token, int64_t position, float *keys, float *values, int64_t capacity,
-                   int64_t length, float *logits, int64_t *ids_out, float *capture_out, int threads) {
+/* The experts' (or the dense MLP's) share of the layer for n > 1 tokens: each (token, slot)
+ * pair's whole SwiGLU on one thread, pairs sorted by expert so that a thread's consecutive
+ * pairs read the same weights. act [pairs, 2I], out [pairs, H]. */
+static void experts_by_pair(const Model *m, const Layer *layer, const float *normed, int64_t n, int64_t slots,
+                            const int64_t *ids, const int64_t *order, float *act, float *out) {
+    const int64_t H = m->hidden, I = m->intermediate;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n * slots; i++) {
+        const int64_t pair = order[i], t = pair / slots, e = ids[pair];
+        const Mat gate = expert(&layer->gate, e, layer->gate_up_expert_stride);
+        const Mat up = expert(&layer->up, e, layer->gate_up_expert_stride);
+        const Mat down = expert(&layer->down, e, layer->down_expert_stride);
+        float *g = act + 2 * I * pair, *u = g + I;
+        gemm_rows(&gate, normed + t * H, H, g, I, 1, NULL, 0, gate.rows);
+        gemm_rows(&up, normed + t * H, H, u, I, 1, NULL, 0, up.rows);
+        for (int64_t r = 0; r < gate.rows; r++) g[r] = silu(g[r]) * u[r];
+        gemm_rows(&down, g, I, out + H * pair, H, 1, NULL, 0, down.rows);
+    }
+}
+
+/* Several tokens' experts, expert by expert: each expert's tokens (gathered, in `order`)
+ * through its projections at once, with the rows split over the threads, so that each
+ * expert's weights are read once per step. gathered [pairs, H]; out [pairs, H] by position
+ * in `order`. */
+static void experts_by_expert(const Model *m, const Layer *layer, int64_t n, int64_t slots, const int64_t *ids,
+                              const int64_t *order, const float *gathered, float *act, float *out) {
+    const int64_t H = m->hidden, I = m->intermediate, experts = layer->num_experts ? layer->num_experts : 1;
+    int64_t start = 0;
+    for (int64_t e = 0; e < experts && start < n * slots; e++) {
+        int64_t end = start;
+        while (end < n * slots && ids[order[end]] == e) end++;
+        if (end == start) continue;
+        const int64_t rows = end - start;
+        const Mat gate = expert(&layer->gate, e, layer->gate_up_expert_stride);
+        const Mat up = expert(&layer->up, e, layer->gate_up_expert_stride);
+        const Mat down = expert(&layer->down, e, layer->down_expert_stride);
+        float *g = act + 2 * I * start, *u = g + I; /* row i of each at stride 2I */
+        int64_t r0, r1;
+        share(gate.rows, &r0, &r1);
+        if (r0 < r1) {
+            gemm_rows(&gate, gathered + start * H, H, g, 2 * I, rows, NULL, r0, r1);
+            gemm_rows(&up, gathered + start * H, H, u, 2 * I, rows, NULL, r0, r1);
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t r = r0; r < r1; r++) g[i * 2 * I + r] = silu(g[i * 2 * I + r]) * u[i * 2 * I + r];
+        }
+#pragma omp barrier
+        gemm(&down, g, 2 * I, out + start * H, H, rows, NULL);
+        start = end;
+    }
+}
+
+/* One token's experts with each projection's rows split over the threads (decode: fewer
+ * pairs than threads would leave threads idle). */
+static void experts_by_rows(const Model *m, const Layer *layer, const float *normed, int64_t slots,
+                            const int64_t *ids, float *act, float *out) {
+    const int64_t H = m->hidden, I = m->intermediate;
+    for (int64_t s = 0; s < slots; s++) {
+        const Mat gate = expert(&layer->gate, ids[s], layer->gate_up_expert_stride);
+        const Mat up = expert(&layer->up, ids[s], layer->gate_up_expert_stride);
+        const Mat down = expert(&layer->down, ids[s], layer->down_expert_stride);
+        float *g = act + 2 * I * s, *u = g + I;
+        int64_t r0, r1;
+        share(gate.rows, &r0, &r1);
+        if (r0 < r1) {
+            gemm_rows(&gate, normed, H, g, I, 1, NULL, r0, r1);
+            gemm_rows(&up, normed, H, u, I, 1, NULL, r0, r1);
+            for (int64_t r = r0; r < r1; r++) g[r] = silu(g[r]) * u[r];
+        }
+#pragma omp barrier
+        gemm(&down, g, I, out + H * s, H, 1, NULL);
+    }
+}
+
+/* Routing of each token (serial): ids and weights [n, slots], and the pairs' order by expert. */
+static void route_tokens(const Model *m, const Layer *layer, const float *normed, int64_t n, float *router_logits,
+                         int64_t *ids, float *weights, int64_t *order) {
+    const int64_t H = m->hidden, slots = layer->num_experts ? m->top_k : 1;
+    for (int64_t t = 0; t < n; t++) {
+        if (!layer->num_experts) {
+            ids[t] = 0, weights[t] = 1.0f;
+            continue;
+        }
+        for (int64_t e = 0; e < layer->num_experts; e++)
+            router_logits[e] = dot(layer->router.w + e * layer->router.s_row, normed + t * H, H) +
+                               (layer->router_bias ? layer->router_bias[e] : 0.0f);
+        route(m, router_logits, layer->num_experts, ids + t * slots, weights + t * slots);
+    }
+    int64_t next = 0; /* a counting sort of the pairs by expert */
+    const int64_t experts = layer->num_experts ? layer->num_experts : 1;
+    for (int64_t e = 0; e < experts; e++)
+        for (int64_t pair = 0; pair < n * slots; pair++)
+            if (ids[pair] == e) order[next++] = pair;
+}
+
+/* n new tokens of one sequence at `positions`, after `length` committed ones. keys/values: the
+ * sequence's cache [L, 1, Hkv, capacity, D]; the new tokens' rows go to [length, length + n).
+ * mask [n, n]: token t sees new token j where mask[t * n + j] (ancestor-or-self in a tree), or
+ * NULL for causal. rows [nrows]: the tokens whose logits are wanted (NULL: all, nrows = n);
+ * logits [nrows, V]. ids_out [layers with experts, n, k]; capture_out [n, captured layers * H]
+ * or NULL; threads: the caller's (torch's) thread count, the calling thread's own setting.
+ * Returns 0, or -1 when scratch memory is lacking. */
+int specdec_forward(const Model *m, int64_t n, const int64_t *tokens, const int64_t *positions, const uint8_t *mask,
+                    float *keys, float *values, int64_t capacity, int64_t length, const int64_t *rows,
+                    int64_t nrows, float *logits, int64_t *ids_out, float *capture_out, int threads) {
     const int64_t H = m->hidden, D = m->head_dim, Hq = m->heads, Hkv = m->kv_heads;
     const int64_t I = m->intermediate; /* the widest layer's */
-    const int64_t count = length + 1, kv_rows = Hkv * capacity * D, group = Hq / Hkv;
-    const int64_t k_max = m->top_k > 0 ? m->top_k : 1;
-    const size_t floats = (size_t)(3 * H + (Hq + 2 * Hkv) * D + Hq * D + 2 * D + 2 * I * k_max + H * k_max + 256 +
-                                   Hq * count);
+    const int64_t count = length + n, kv_rows = Hkv * capacity * D, group = Hq / Hkv, width = (Hq + 2 * Hkv) * D;
+    const int64_t k_max = m->top_k > 0 ? m->top_k : 1, pairs = n * k_max;
+    const size_t floats = (size_t)(n * (3 * H + width + Hq * D + 2 * D + 256) + pairs * (2 * I + 2 * H) + n * Hq * count);
     float *scratch = malloc(floats * sizeof(float));
-    if (!scratch) return -1;
-    float *x = scratch, *normed = x + H, *h = normed + H, *qkv = h + H, *att = qkv + (Hq + 2 * Hkv) * D;
-    float *cos_ = att + Hq * D, *sin_ = cos_ + D, *act = sin_ + D, *expert_out = act + 2 * I * k_max;
-    float *router_logits = expert_out + H * k_max, *scores = router_logits + 256;
-    int64_t ids[64];
-    float weights[64];
+    int64_t *indices = malloc((size_t)(3 * pairs) * sizeof(int64_t));
+    float *weights = malloc((size_t)pairs * sizeof(float));
+    uint8_t *causal = mask ? NULL : malloc((size_t)(n * n));
+    if (!scratch || !indices || !weights || (!mask && !causal)) {
+        free(scratch), free(indices), free(weights), free(causal);
+        return -1;
+    }
+    if (!mask) {
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t j = 0; j < n; j++) causal[t * n + j] = j <= t;
+        mask = causal;
+    }
+    float *x = scratch, *normed = x + n * H, *h = normed + n * H, *qkv = h + n * H, *att = qkv + n * width;
+    float *cos_ = att + n * Hq * D, *sin_ = cos_ + n * D, *router_logits = sin_ + n * D;
+    float *act = router_logits + n * 256, *expert_out = act + pairs * 2 * I, *gathered = expert_out + pairs * H;
+    float *scores = gathered + pairs * H;
+    int64_t *ids = indices, *order = indices + pairs, *position_of = order + pairs;
+    const int64_t captures = capture_out ? m->capture_count : 0;
 
-    memcpy(x, m->embed + token * H, (size_t)H * sizeof(float));
-    for (int64_t i = 0; i < D / 2; i++) {
-        const float angle = (float)position * m->inv_freq[i];
-        cos_[i] = cos_[i + D / 2] = cosf(angle) * m->rope_factor;
-        sin_[i] = sin_[i + D / 2] = sinf(angle) * m->rope_factor;
+    for (int64_t t = 0; t < n; t++) {
+        memcpy(x + t * H, m->embed + tokens[t] * H, (size_t)H * sizeof(float));
+        for (int64_t i = 0; i < D / 2; i++) {
+            const float angle = (float)positions[t] * m->inv_freq[i];
+            cos_[t * D + i] = cos_[t * D + i + D / 2] = cosf(angle) * m->rope_factor;
+            sin_[t * D + i] = sin_[t * D + i + D / 2] = sinf(angle) * m->rope_factor;
+        }
     }
     int64_t moe_layer = 0, captured = 0;
 #pragma omp parallel num_threads(threads)
     {
     for (int64_t l = 0; l < m->num_layers; l++) {
         const Layer *layer = m->layers + l;
+        const int64_t slots = layer->num_experts ? m->top_k : 1;
         float *layer_keys = keys + l * kv_rows, *layer_values = values + l * kv_rows;
 #pragma omp single
-        {
-            if (capture_out && m->capture[l]) memcpy(capture_out + H * captured++, x, (size_t)H * sizeof(float));
-            rms_norm(x, layer->attn_norm, normed, H, m->eps);
+        for (int64_t t = 0; t < n; t++) {
+            if (captures && m->capture[l]) memcpy(capture_out + (t * captures + captured) * H, x + t * H, (size_t)H * sizeof(float));
+            rms_norm(x + t * H, layer->attn_norm, normed + t * H, H, m->eps);
         }
-        gemv(&layer->qkv, normed, qkv, layer->qkv_bias);
+        gemm(&layer->qkv, normed, H, qkv, width, n, layer->qkv_bias);
 #pragma omp barrier
 #pragma omp single
         {
-            for (int64_t head = 0; head < Hq + Hkv; head++) {
-                float *vec = qkv + head * D;
-                if (layer->qk_norm) rms_norm(vec, layer->qk_norm + head * D, vec, D, m->eps);
-                rope(vec, cos_, sin_, D);
-            }
-            for (int64_t kv = 0; kv < Hkv; kv++) {
-                memcpy(layer_keys + (kv * capacity + length) * D, qkv + (Hq + kv) * D, (size_t)D * sizeof(float));
-                memcpy(layer_values + (kv * capacity + length) * D, qkv + (Hq + Hkv + kv) * D, (size_t)D * sizeof(float));
+            if (captures && m->capture[l]) captured++;
+            for (int64_t t = 0; t < n; t++) {
+                for (int64_t head = 0; head < Hq + Hkv; head++) {
+                    float *vec = qkv + t * width + head * D;
+                    if (layer->qk_norm) rms_norm(vec, layer->qk_norm + head * D, vec, D, m->eps);
+                    rope(vec, cos_ + t * D, sin_ + t * D, D);
+                }
+                for (int64_t kv = 0; kv < Hkv; kv++) {
+                    const int64_t row = (kv * capacity + length + t) * D;
+                    memcpy(layer_keys + row, qkv + t * width + (Hq + kv) * D, (size_t)D * sizeof(float));
+                    memcpy(layer_values + row, qkv + t * width + (Hq + Hkv + kv) * D, (size_t)D * sizeof(float));
+                }
             }
         }
 #pragma omp for schedule(static)
-        for (int64_t head = 0; head < Hq; head++) {
-            const int64_t kv = head / group;
-            attend_head(qkv + head * D, layer_keys + kv * capacity * D, layer_values + kv * capacity * D, count, D,
-                        m->attn_scale, scores + head * count, att + head * D);
+        for (int64_t job = 0; job < n * Hq; job++) {
+            const int64_t t = job / Hq, head = job % Hq, kv = head / group;
+            attend_head(qkv + t * width + head * D, layer_keys + kv * capacity * D, layer_values + kv * capacity * D,
+                        length, n, mask + t * n, D, m->attn_scale, scores + job * count, att + (t * Hq + head) * D);
         }
-        gemv(&layer->o, att, h, layer->o_bias);
+        gemm(&layer->o, att, Hq * D, h, H, n, layer->o_bias);
 #pragma omp barrier
 #pragma omp single
         {
-            for (int64_t i = 0; i < H; i++) x[i] += h[i];
-            rms_norm(x, layer->post_norm, normed, H, m->eps);
-            if (layer->num_experts) {
-                for (int64_t e = 0; e < layer->num_experts; e++)
-                    router_logits[e] = dot(layer->router.w + e * layer->router.s_row, normed, H) +
-                                       (layer->router_bias ? layer->router_bias[e] : 0.0f);
-                route(m, router_logits, layer->num_experts, ids, weights);
-                memcpy(ids_out + m->top_k * moe_layer++, ids, (size_t)m->top_k * sizeof(int64_t));
-            } else {
-                ids[0] = 0, weights[0] = 1.0f;
-            }
+            for (int64_t i = 0; i < n * H; i++) x[i] += h[i];
+            for (int64_t t = 0; t < n; t++) rms_norm(x + t * H, layer->post_norm, normed + t * H, H, m->eps);
+            route_tokens(m, layer, normed, n, router_logits, ids, weights, order);
+            if (layer->num_experts)
+                memcpy(ids_out + n * m->top_k * moe_layer++, ids, (size_t)(n * m->top_k) * sizeof(int64_t));
         }
-        const int64_t slots = layer->num_experts ? m->top_k : 1;
-        for (int64_t s = 0; s < slots; s++) {
-            const Mat gate = expert(&layer->gate, ids[s], layer->gate_up_expert_stride);
-            const Mat up = expert(&layer->up, ids[s], layer->gate_up_expert_stride);
-            const Mat down = expert(&layer->down, ids[s], layer->down_expert_stride);
-            float *g = act + 2 * I * s, *u = g + I;
-            int64_t r0, r1;
-            share(gate.rows, &r0, &r1);
-            if (r0 < r1) {
-                gemv_rows(&gate, normed, g, NULL, r0, r1);
-                gemv_rows(&up, normed, u, NULL, r0, r1);
-                for (int64_t r = r0; r < r1; r++) g[r] = silu(g[r]) * u[r];
-            }
-#pragma omp barrier
-            gemv(&down, g, expert_out + H * s, NULL);
+        const int by_expert = n > 1;
+        if (by_expert) {
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < n * slots; i++) memcpy(gathered + i * H, normed + (order[i] / slots) * H, (size_t)H * sizeof(float));
+            experts_by_expert(m, layer, n, slots, ids, order, gathered, act, expert_out);
+        } else if (slots >= omp_get_num_threads()) {
+            experts_by_pair(m, layer, normed, n, slots, ids, order, act, expert_out);
+        } else {
+            experts_by_rows(m, layer, normed, slots, ids, act, expert_out);
         }
 #pragma omp barrier
 #pragma omp single
-        for (int64_t i = 0; i < H; i++) {
-            float sum = expert_out[i] * weights[0];
-            for (int64_t s = 1; s < slots; s++) sum += expert_out[H * s + i] * weights[s];
-            x[i] += sum;
+        {
+            if (by_expert) /* where each pair's output landed */
+                for (int64_t i = 0; i < n * slots; i++) position_of[order[i]] = i;
+            else
+                for (int64_t i = 0; i < n * slots; i++) position_of[i] = i;
+            for (int64_t t = 0; t < n; t++)
+                for (int64_t i = 0; i < H; i++) {
+                    const int64_t first = t * slots;
+                    float sum = expert_out[H * position_of[first] + i] * weights[first];
+                    for (int64_t s = 1; s < slots; s++) sum += expert_out[H * position_of[first + s] + i] * weights[first + s];
+                    x[t * H + i] += sum;
+                }
         }
     }
 #pragma omp single
-    rms_norm(x, m->final_norm, normed, H, m->eps);
-    gemv(&m->lm_head, normed, logits, NULL);
+    for (int64_t r = 0; r < nrows; r++) { /* the wanted rows, normed, packed at the front of h */
+        const int64_t t = rows ? rows[r] : r;
+        rms_norm(x + t * H, m->final_norm, h + r * H, H, m->eps);
     }
-    free(scratch);
+    gemm(&m->lm_head, h, H, logits, m->vocab, nrows, NULL);
+    }
+    free(scratch), free(indices), free(weights), free(causal);
     return 0;
 }

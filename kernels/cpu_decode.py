@@ -23,7 +23,10 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
-ABI_VERSION = 2
+# glibc's vector math (libmvec) for the softmax's exponentials; a C library without it builds
+# with scalar expf instead.
+VECTOR_MATH, NO_VECTOR_MATH = ["-lmvec"], ["-DSPECDEC_NO_MVEC"]
+ABI_VERSION = 3
 MAX_EXPERTS, MAX_TOP_K = 256, 64  # the C step's fixed routing buffers
 
 
@@ -56,7 +59,8 @@ class Model(ctypes.Structure):
                 ("intermediate", ctypes.c_int64), ("top_k", ctypes.c_int64), ("renormalize", ctypes.c_int64),
                 ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("rope_factor", ctypes.c_float),
                 ("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("lm_head", Mat),
-                ("inv_freq", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer)), ("capture", ctypes.c_void_p)]
+                ("inv_freq", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer)), ("capture", ctypes.c_void_p),
+                ("capture_count", ctypes.c_int64)]
 
 
 def pointer(tensor: torch.Tensor | None) -> int | None:
@@ -94,7 +98,11 @@ def _build(compiler: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
+        for extra in (VECTOR_MATH, NO_VECTOR_MATH):
+            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm", *extra],
+                                  capture_output=True, text=True)
+            if done.returncode == 0:
+                break
         if done.returncode:
             raise RuntimeError(f"{compiler} failed: {done.stderr[-1500:]}")
         os.replace(built, target)  # atomic: a concurrent build lands the same bytes
@@ -117,10 +125,11 @@ def library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(_build(compiler)))
         if lib.specdec_abi_version() != ABI_VERSION:
             raise RuntimeError("stale build of cpu_decode.c")
-        lib.specdec_decode.restype = ctypes.c_int
-        lib.specdec_decode.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.specdec_forward.restype = ctypes.c_int
+        lib.specdec_forward.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     except (OSError, RuntimeError) as error:
         _WHY_NOT.append(str(error))
         log.warning("native CPU decode step unavailable, decoding eagerly: %s", error)

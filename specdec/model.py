@@ -360,11 +360,15 @@ def _last(model, layer, x, attended, rows):
     return logits if model.config.logits_scaling == 1.0 else logits / model.config.logits_scaling
 
 
-def _one_plain_token(input_ids, segments, logits_rows) -> bool:
-    """A decode step: one token of one sequence, no tree, its logits wanted."""
-    if input_ids.numel() != 1 or len(segments) != 1 or segments[0].tree_mask is not None:
+NATIVE_MAX_TOKENS = 32  # longer single-sequence steps (prefill chunks) run faster in MKL's GEMM
+
+
+def _natively_run(input_ids, segments, logits_rows) -> bool:
+    """A step of one sequence, short enough for the native step, with logits wanted: a decode
+    step or a verify pass."""
+    if len(segments) != 1 or input_ids.numel() > NATIVE_MAX_TOKENS:
         return False
-    return logits_rows is None or len(logits_rows) == 1
+    return logits_rows is None or len(logits_rows) > 0
 
 
 class StepParts(NamedTuple):
@@ -454,8 +458,8 @@ class Transformer(nn.Module):
         the caller keeps or drops them (KVCache.keep / keep_all).
         """
         native = self.native_decode
-        if native is not None and _one_plain_token(input_ids, segments, logits_rows) and native.still_bound():
-            return self.native_decode(int(input_ids[0]), int(positions[0]), segments[0].cache)
+        if native is not None and _natively_run(input_ids, segments, logits_rows) and native.still_bound():
+            return native(input_ids, positions, segments[0].cache, segments[0].tree_mask, logits_rows)
         for seg in segments:
             seg.cache.reserve(seg.length)
         step, layers = self.step, self.model.layers

@@ -91,22 +91,30 @@ class NativeDecode:
         this catches an assigned state dict)."""
         return self.model.model.embed_tokens.weight.data_ptr() == self.embed_ptr
 
-    def __call__(self, token: int, position: int, cache: KVCache) -> torch.Tensor:
+    def __call__(self, input_ids, positions, cache: KVCache, tree_mask=None, logits_rows=None) -> torch.Tensor:
+        """As Transformer.forward for one segment: input_ids, positions [n] -> logits
+        [len(logits_rows) or n, V]."""
         if self.capture_layers != self.model.capture_layers:  # an EAGLE-3 head attached or left
             self.capture_layers = tuple(self.model.capture_layers)
             self.capture.zero_()[list(self.capture_layers)] = 1
-        cache.reserve(1)
-        logits = torch.empty(1, self.vocab)
-        ids = torch.empty(len(self.moe_blocks), self.top_k, dtype=torch.long)
-        captured = torch.empty(1, len(self.capture_layers) * self.hidden) if self.capture_layers else None
-        status = self.lib.specdec_decode(
-            self.desc_ref, token, position, cache.keys.data_ptr(), cache.values.data_ptr(), cache.capacity,
-            cache.length, logits.data_ptr(), ids.data_ptr(), None if captured is None else captured.data_ptr(),
-            torch.get_num_threads())
+            self.desc.capture_count = len(self.capture_layers)
+        n = input_ids.numel()
+        cache.reserve(n)
+        rows = None if logits_rows is None else torch.as_tensor(logits_rows, dtype=torch.long)
+        logits = torch.empty(n if rows is None else rows.numel(), self.vocab)
+        ids = torch.empty(len(self.moe_blocks), n, self.top_k, dtype=torch.long)
+        captured = torch.empty(n, len(self.capture_layers) * self.hidden) if self.capture_layers else None
+        tokens, positions = input_ids.contiguous(), positions.to(torch.long).contiguous()
+        mask = None if tree_mask is None or n == 1 else tree_mask.to(torch.uint8).contiguous()
+        status = self.lib.specdec_forward(
+            self.desc_ref, n, tokens.data_ptr(), positions.data_ptr(), None if mask is None else mask.data_ptr(),
+            cache.keys.data_ptr(), cache.values.data_ptr(), cache.capacity, cache.length,
+            None if rows is None else rows.data_ptr(), logits.shape[0], logits.data_ptr(), ids.data_ptr(),
+            None if captured is None else captured.data_ptr(), torch.get_num_threads())
         if status:
-            raise MemoryError("the native decode step could not allocate its scratch memory")
+            raise MemoryError("the native step could not allocate its scratch memory")
         for block, block_ids in zip(self.moe_blocks, ids, strict=True):
-            block.file_ids(block_ids[None])
+            block.file_ids(block_ids)
         self.model.captured = captured
         return logits
 

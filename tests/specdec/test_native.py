@@ -131,3 +131,44 @@ def test_the_shipped_models_decode_natively_with_the_eager_tokens():
     engine.target.native_decode, engine.draft.native_decode = bound
     assert native_tokens == eager_tokens
     assert all(len(t) > 0 for t in native_tokens)
+
+
+def _tree_mask(parents) -> torch.Tensor:
+    """Ancestor-or-self mask [n, n] of a tree given each node's parent (-1: a root child)."""
+    mask = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+    for node in range(len(parents)):
+        walk = node
+        while walk >= 0:
+            mask[node, walk] = True
+            walk = parents[walk]
+    return mask
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2", "mixtral"])
+def test_native_steps_of_several_tokens_match_eager(hf_checkpoints, arch):
+    """A tree (verify pass), a causal chunk and a selection of logit rows, each against the
+    eager step over the same cache."""
+    model = load_model(hf_checkpoints[arch][0])
+    ids = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(8))
+    parents = [-1, 0, 0, 1, 3, 2, -1]
+    mask = _tree_mask(parents)
+    tree_positions = 20 + mask.sum(1) - 1
+    cases = [(ids[20:27], tree_positions, mask, None), (ids[20:25], torch.arange(20, 25), None, None),
+             (ids[20:26], torch.arange(20, 26), None, [5]), (ids[20:24], torch.arange(20, 24), None, [0, 3])]
+    for tokens, positions, tree, rows in cases:
+        results = []
+        for use_native in (True, False):
+            bound = None if use_native else _eager(model)
+            model.reset_expert_load()
+            cache = model.new_cache(capacity=8)  # grows during the prefill and the step
+            model(ids[:20], torch.arange(20), [Segment(cache, 20)], logits_rows=[19])
+            cache.keep_all()
+            logits = model(tokens, positions, [Segment(cache, len(tokens), tree)], logits_rows=rows)
+            results.append((logits, cache.keys[:, :, :, : 20 + len(tokens)].clone(), model.expert_load().clone()))
+            if bound is not None:
+                model.native_decode = bound
+        (got, got_keys, got_load), (expected, expected_keys, expected_load) = results
+        assert got.shape == expected.shape
+        assert _rel_err(got, expected) < 1e-5
+        assert torch.allclose(got_keys, expected_keys, atol=1e-5)
+        assert torch.equal(got_load, expected_load)
