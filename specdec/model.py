@@ -360,17 +360,6 @@ def _last(model, layer, x, attended, rows):
     return logits if model.config.logits_scaling == 1.0 else logits / model.config.logits_scaling
 
 
-NATIVE_MAX_TOKENS = 32  # longer single-sequence steps (prefill chunks) run faster in MKL's GEMM
-
-
-def _natively_run(input_ids, segments, logits_rows) -> bool:
-    """A step of one sequence, short enough for the native step, with logits wanted: a decode
-    step or a verify pass."""
-    if len(segments) != 1 or input_ids.numel() > NATIVE_MAX_TOKENS:
-        return False
-    return logits_rows is None or len(logits_rows) > 0
-
-
 class StepParts(NamedTuple):
     """The per-token stretches of a forward, between the attentions that read each sequence's
     cache: eager here, compiled by specdec/compiled.py (same functions, same signatures)."""
@@ -458,8 +447,10 @@ class Transformer(nn.Module):
         the caller keeps or drops them (KVCache.keep / keep_all).
         """
         native = self.native_decode
-        if native is not None and _natively_run(input_ids, segments, logits_rows) and native.still_bound():
-            return native(input_ids, positions, segments[0].cache, segments[0].tree_mask, logits_rows)
+        if native is not None and native.takes(input_ids, segments, logits_rows):
+            logits = native(input_ids, positions, segments[0].cache, segments[0].tree_mask, logits_rows)
+            if logits is not None:
+                return logits
         for seg in segments:
             seg.cache.reserve(seg.length)
         step, layers = self.step, self.model.layers

@@ -26,6 +26,8 @@ from specdec.ops import CpuLogitsHead, Projection
 
 log = logging.getLogger(__name__)
 
+MAX_TOKENS = 32  # longer single-sequence steps (prefill chunks) run faster in MKL's GEMM
+
 
 class NativeDecode:
     """Callable: (token, position, cache) -> logits [1, V]; writes the token's keys and values
@@ -86,14 +88,17 @@ class NativeDecode:
         inv_freq, factor = model.rope_frequencies
         return inv_freq.to(torch.float32).contiguous(), float(factor)
 
-    def still_bound(self) -> bool:
-        """False once the weights were moved or replaced (Transformer._apply drops the binding;
-        this catches an assigned state dict)."""
+    def takes(self, input_ids, segments, logits_rows) -> bool:
+        """Whether a forward is one it runs: one sequence, at most MAX_TOKENS new tokens, some
+        logits wanted (a decode step or a verify pass), and the weights still where they were
+        bound (Transformer._apply drops the binding; this catches an assigned state dict)."""
+        if len(segments) != 1 or input_ids.numel() > MAX_TOKENS or (logits_rows is not None and len(logits_rows) == 0):
+            return False
         return self.model.model.embed_tokens.weight.data_ptr() == self.embed_ptr
 
-    def __call__(self, input_ids, positions, cache: KVCache, tree_mask=None, logits_rows=None) -> torch.Tensor:
+    def __call__(self, input_ids, positions, cache: KVCache, tree_mask=None, logits_rows=None) -> torch.Tensor | None:
         """As Transformer.forward for one segment: input_ids, positions [n] -> logits
-        [len(logits_rows) or n, V]."""
+        [len(logits_rows) or n, V], or None when the step must run eagerly."""
         if self.capture_layers != self.model.capture_layers:  # an EAGLE-3 head attached or left
             self.capture_layers = tuple(self.model.capture_layers)
             self.capture.zero_()[list(self.capture_layers)] = 1
@@ -111,8 +116,9 @@ class NativeDecode:
             cache.keys.data_ptr(), cache.values.data_ptr(), cache.capacity, cache.length,
             None if rows is None else rows.data_ptr(), logits.shape[0], logits.data_ptr(), ids.data_ptr(),
             None if captured is None else captured.data_ptr(), torch.get_num_threads())
-        if status:
-            raise MemoryError("the native step could not allocate its scratch memory")
+        if status:  # its scratch memory (attention scores grow with the cache) was refused
+            log.warning("the native step could not allocate its scratch memory; this step runs eagerly")
+            return None
         for block, block_ids in zip(self.moe_blocks, ids, strict=True):
             block.file_ids(block_ids)
         self.model.captured = captured
