@@ -101,14 +101,14 @@ def hf_decode(model, ids, depth: int) -> tuple[float, list]:
 def load_variant(models: Path, variant: str):
     """(model, seconds to load it ready, compile included)."""
     started = time.perf_counter()
-    model = load_model(models / "target")  # with the native decode step where it runs
+    model = load_model(models / "target")  # with the native step where it runs
     if variant == "eager":
-        model.native_decode = None
+        model.native_step = None
     elif variant == "native":
-        if model.native_decode is None:
+        if model.native_step is None:
             from specdec.native import unsupported
 
-            raise SystemExit(f"no native decode step: {unsupported(model) or 'no C compiler'}")
+            raise SystemExit(f"no native step: {unsupported(model) or 'no C compiler'}")
     elif variant == "int8":
         from specdec.quantize import quantize_int8
 

@@ -1,4 +1,5 @@
-/* One decode step of a decoder-only transformer on the CPU, for one sequence and one token.
+/* One step of a decoder-only transformer on the CPU for one sequence's new tokens: a decode
+ * step, or a verify pass over a token tree.
  *
  * A small model's eager PyTorch step is mostly dispatch: a few hundred ops, each costing a
  * few microseconds of Python and ATen overhead, more than its arithmetic. This file runs the
@@ -7,9 +8,10 @@
  * caller's cache, grouped-query attention over the cache, o_proj, and a dense SwiGLU MLP or a
  * softmax-top-k mixture of SwiGLU experts; then the final norm and the logits.
  *
- * Threads: one OpenMP parallel region per step. Matrix-vector products split their output
- * rows over the threads; attention splits its heads; the small serial pieces (norms, RoPE,
- * routing) run on one thread between barriers. The library links the OpenMP runtime that the
+ * Threads: one OpenMP parallel region per step. Matrix products split their output rows over
+ * the threads (each weight row read once for all the tokens); attention splits its (token,
+ * head) pairs; several tokens' experts run expert by expert over their gathered tokens; the
+ * small serial pieces (norms, RoPE, routing) run on one thread between barriers. The library links the OpenMP runtime that the
  * process already has (PyTorch's), so it shares torch's threads and thread count.
  *
  * Matrices are read where they lie, in either layout the model keeps (see Mat): no copies.

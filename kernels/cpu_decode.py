@@ -1,4 +1,4 @@
-"""The native CPU decode step (cpu_decode.c): built on first use with the system's C compiler,
+"""The native CPU step (cpu_decode.c): built on first use with the system's C compiler,
 cached on disk, called through ctypes.
 
 The library is compiled for the machine it runs on (-march=native) and cached under a name
@@ -132,7 +132,7 @@ def library() -> ctypes.CDLL | None:
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     except (OSError, RuntimeError) as error:
         _WHY_NOT.append(str(error))
-        log.warning("native CPU decode step unavailable, decoding eagerly: %s", error)
+        log.warning("native CPU step unavailable, decoding eagerly: %s", error)
         lib = None
     _LIBRARY.append(lib)
     return lib

@@ -56,7 +56,7 @@ def compile_step(model: Transformer, warm_up: bool = True) -> float:
     # would then specialise a prefill chunk of 512 tokens on an intermediate size of 512).
     torch.fx.experimental._config.use_duck_shape = False
     started = time.perf_counter()
-    model.native_decode = None  # the compiled step is then the whole forward
+    model.native_step = None  # the compiled step is then the whole forward
     model.step = StepParts(*(torch.compile(part, dynamic=True, fullgraph=True) for part in EAGER_STEP))
     if warm_up:
         _warm_up(model)

@@ -276,8 +276,8 @@ class SparseMoeBlock(nn.Module):
         return (weights * self.routed_scale if self.routed_scale != 1.0 else weights), ids
 
     def file_ids(self, ids) -> None:
-        """Keep a forward's expert ids [N, A] for the load statistics (the native decode step
-        files its own)."""
+        """Keep a forward's expert ids [N, A] for the load statistics (the native step files its
+        own)."""
         self.latest_ids = ids
         self.uncounted_ids.append(ids)
         if len(self.uncounted_ids) >= self.COUNT_EVERY:
@@ -374,7 +374,7 @@ EAGER_STEP = StepParts(_first, _seam, _last)
 
 class Transformer(nn.Module):
     step = EAGER_STEP  # an instance's own StepParts once compiled (specdec/compiled.py)
-    native_decode = None  # a one-token, one-sequence step in one native call (specdec/native.py)
+    native_step = None  # one sequence's decode step or verify pass in one native call (specdec/native.py)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -413,7 +413,7 @@ class Transformer(nn.Module):
         self._lm_head = CpuLogitsHead(self.lm_head.weight.detach())
 
     def _apply(self, fn, *args, **kwargs):
-        self.native_decode = None  # .to(), .float(), .cuda() move the weights it points at
+        self.native_step = None  # .to(), .float(), .cuda() move the weights it points at
         return super()._apply(fn, *args, **kwargs)
 
     def tie_weights(self) -> None:
@@ -446,7 +446,7 @@ class Transformer(nn.Module):
         Writes the new tokens' keys and values into each segment's cache as pending entries;
         the caller keeps or drops them (KVCache.keep / keep_all).
         """
-        native = self.native_decode
+        native = self.native_step
         if native is not None and native.takes(input_ids, segments, logits_rows):
             logits = native(input_ids, positions, segments[0].cache, segments[0].tree_mask, logits_rows)
             if logits is not None:

@@ -1,9 +1,9 @@
-"""A decode step in one native call: a Transformer's weights bound to kernels/cpu_decode.c.
+"""One sequence's step in one native call: a Transformer's weights bound to kernels/cpu_decode.c.
 
-A single-sequence, single-token forward (plain decoding, a draft's steps, a declined
-speculation) is where a small model on the CPU spends its time in dispatch, not arithmetic;
-the native step runs it whole. Everything else (trees, batches, prefill chunks) stays eager,
-where each op is large enough to carry its dispatch.
+A forward of one sequence's few new tokens (plain decoding, a draft's steps, a verify pass
+over a token tree) is where a small model on the CPU spends its time in dispatch, not
+arithmetic; the native step runs it whole. Batches of several sequences and prefill chunks
+stay eager, where each op is large enough to carry its dispatch.
 
 The binding reads the model's weights where they lie, in the layout fuse_for_inference left
 them (input-major or not), so it holds no copy. It covers the families whose layers are plain
@@ -22,16 +22,16 @@ import torch
 from kernels import cpu_decode
 from specdec.kvcache import KVCache
 from specdec.model import Attention, DenseMLP, SparseMoeBlock, Transformer
-from specdec.ops import CpuLogitsHead, Projection
+from specdec.ops import CpuLogitsHead, Projection, rope_inverse_frequencies
 
 log = logging.getLogger(__name__)
 
 MAX_TOKENS = 32  # longer single-sequence steps (prefill chunks) run faster in MKL's GEMM
 
 
-class NativeDecode:
-    """Callable: (token, position, cache) -> logits [1, V]; writes the token's keys and values
-    into the cache as its pending row, as the eager forward does."""
+class NativeStep:
+    """Callable: (input_ids, positions, cache, tree_mask, logits_rows) -> logits; writes the new
+    tokens' keys and values into the cache as its pending rows, as the eager forward does."""
 
     def __init__(self, model: Transformer, lib):
         cfg, self.lib, self.model = model.config, lib, model
@@ -39,7 +39,8 @@ class NativeDecode:
         self.keep = []  # tensors whose addresses the descriptors hold
         layers = (cpu_decode.Layer * cfg.num_layers)(*(self._layer(layer) for layer in model.model.layers))
         self.capture_layers, self.capture = (), torch.zeros(cfg.num_layers, dtype=torch.int32)
-        inv_freq, factor = self._rope(model)
+        inv_freq, factor = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, model.rope_frequencies, "cpu")
+        inv_freq = inv_freq.to(torch.float32).contiguous()
         head = getattr(model, "_lm_head", None)
         lm_head = head.output_major if isinstance(head, CpuLogitsHead) else model.lm_head.weight
         self.keep += [layers, inv_freq]
@@ -47,7 +48,7 @@ class NativeDecode:
             cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size,
             max(layer.gate.rows for layer in layers), cfg.top_k if self.moe_blocks else 0,
             int(bool(cfg.norm_topk_prob)), cfg.rms_norm_eps,
-            cfg.head_dim ** -0.5 if cfg.attention_scale is None else cfg.attention_scale, factor,
+            cfg.head_dim ** -0.5 if cfg.attention_scale is None else cfg.attention_scale, float(factor),
             cpu_decode.pointer(model.model.embed_tokens.weight), cpu_decode.pointer(model.model.norm.weight),
             cpu_decode.Mat.of(lm_head), inv_freq.data_ptr(), layers, self.capture.data_ptr())
         self.desc_ref = ctypes.byref(self.desc)
@@ -77,16 +78,6 @@ class NativeDecode:
             desc.gate, desc.up = cpu_decode.Mat.of(mlp.gate_proj.weight), cpu_decode.Mat.of(mlp.up_proj.weight)
             desc.down = cpu_decode.Mat.of(mlp.down_proj.weight)
         return desc
-
-    @staticmethod
-    def _rope(model) -> tuple[torch.Tensor, float]:
-        """RoPE's inverse frequencies [D/2] and attention factor, as ops.rope_cos_sin takes them."""
-        cfg = model.config
-        if model.rope_frequencies is None:
-            dims = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32)
-            return 1.0 / (cfg.rope_theta ** (dims / cfg.head_dim)), 1.0
-        inv_freq, factor = model.rope_frequencies
-        return inv_freq.to(torch.float32).contiguous(), float(factor)
 
     def takes(self, input_ids, segments, logits_rows) -> bool:
         """Whether a forward is one it runs: one sequence, at most MAX_TOKENS new tokens, some
@@ -163,9 +154,9 @@ def _layer_unsupported(layer) -> str | None:
 
 
 def bind(model: Transformer) -> bool:
-    """Give `model` the native decode step where it can run; True when it did.
+    """Give `model` the native step where it can run; True when it did.
     SPECDEC_NATIVE=0 keeps every model eager."""
-    model.native_decode = None
+    model.native_step = None
     if os.environ.get("SPECDEC_NATIVE", "1") == "0":
         return False
     reason = unsupported(model)
@@ -175,5 +166,5 @@ def bind(model: Transformer) -> bool:
     lib = cpu_decode.library()
     if lib is None:
         return False
-    model.native_decode = NativeDecode(model, lib)
+    model.native_step = NativeStep(model, lib)
     return True

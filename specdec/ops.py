@@ -50,15 +50,19 @@ def input_major(weight: torch.Tensor) -> torch.Tensor:
     return weight.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
+def rope_inverse_frequencies(head_dim: int, theta: float, frequencies=None, device=None):
+    """(inv_freq [D/2], attention factor): a scaled RoPE's `frequencies` (specdec.rope), else
+    plain RoPE's at `theta`."""
+    if frequencies is None:
+        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)), 1.0
+    inv_freq, factor = frequencies
+    return inv_freq.to(device), factor
+
+
 def rope_cos_sin(positions, head_dim: int, theta: float, dtype, frequencies=None):
     """cos, sin [N, D] for rotate-half RoPE at the given positions; frequencies: (inv_freq [D/2],
     attention factor) of a scaled RoPE (specdec.rope), else plain RoPE at `theta`."""
-    if frequencies is None:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
-        factor = 1.0
-    else:
-        inv_freq, factor = frequencies
-        inv_freq = inv_freq.to(positions.device)
+    inv_freq, factor = rope_inverse_frequencies(head_dim, theta, frequencies, positions.device)
     freqs = positions.float()[:, None] * inv_freq[None]  # [N, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)
     if factor == 1.0:

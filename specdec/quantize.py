@@ -119,21 +119,21 @@ def quantize_int8(model: Transformer) -> Transformer:
     head = getattr(model, "_lm_head", None)
     model._lm_head = Int8Weight(head.weight if isinstance(head, Projection) else model.lm_head.weight)
     model.quantization = "int8"
-    native.bind(model)  # the native decode step reads fp32 weights: int8 decodes eagerly
+    native.bind(model)  # the native step reads fp32 weights: int8 decodes eagerly
     return model
 
 
 def quantize_target(model: Transformer, quantization: str) -> Transformer:
     """The --quantize flag: "none", "int8" (refused with a message where it cannot run), or
-    "auto": int8 for a float32 target on the CPU that has no native decode step, where int8 is
+    "auto": int8 for a float32 target on the CPU that has no native step, where int8 is
     faster at every step size and moves held-out bits per character by +0.0002
-    (bench/int8_quality.py), and none elsewhere. The native fp32 decode step is several times
-    faster per token than eager int8, which would give it up (bench/bench_decode.py)."""
+    (bench/int8_quality.py), and none elsewhere. The native fp32 step decodes several times
+    faster than eager int8, which would give it up (bench/bench_decode.py)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantize {quantization!r}: expected one of {', '.join(QUANTIZATIONS)}")
     if quantization == "auto":
         fits = (model.device.type == "cpu" and model.dtype == torch.float32 and not _sharded(model)
-                and model.native_decode is None)
+                and model.native_step is None)
         quantization = "int8" if fits else "none"
     return quantize_int8(model) if quantization == "int8" else model
 

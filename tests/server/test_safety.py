@@ -83,12 +83,12 @@ def test_newer_request_supersedes_older(live):
     def first():
         results["first"] = httpx.post(f"{live.url}/infill", json=LONG, timeout=60).json()
 
-    # The tiny models' native decode step writes LONG's tokens in tens of milliseconds, which
+    # The tiny models' native step writes LONG's tokens in tens of milliseconds, which
     # can end the first request before the second is sent; eager steps keep it running longer.
     models = (live.engine.target, live.engine.draft)
-    bound = [model.native_decode for model in models]
+    bound = [model.native_step for model in models]
     for model in models:
-        model.native_decode = None
+        model.native_step = None
     thread = threading.Thread(target=first)
     thread.start()
     deadline = time.time() + 10
@@ -96,8 +96,8 @@ def test_newer_request_supersedes_older(live):
         time.sleep(0.005)
     second = httpx.post(f"{live.url}/infill", json=dict(LONG, n_predict=4), timeout=60)
     thread.join()
-    for model, native_decode in zip(models, bound, strict=True):
-        model.native_decode = native_decode
+    for model, native_step in zip(models, bound, strict=True):
+        model.native_step = native_step
     assert second.status_code == 200
     reasons = [e.stop_reason for e in live.engine.metrics().recent if e.document and e.document.endswith("pkg/long.py")]
     assert "superseded" in reasons

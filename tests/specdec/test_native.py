@@ -38,20 +38,20 @@ def _decode_one_by_one(model, ids, prompt: int = 5):
 
 def _eager(model):
     """The same model with its native step set aside (a context for one comparison)."""
-    bound = model.native_decode
-    model.native_decode = None
+    bound = model.native_step
+    model.native_step = None
     return bound
 
 
 @pytest.mark.parametrize("arch", COVERED)
-def test_native_decode_matches_eager_and_the_causal_forward(hf_checkpoints, arch):
+def test_native_step_matches_eager_and_the_causal_forward(hf_checkpoints, arch):
     model = load_model(hf_checkpoints[arch][0])
-    assert model.native_decode is not None, native.unsupported(model)
+    assert model.native_step is not None, native.unsupported(model)
     ids = torch.randint(0, 97, (40,), generator=torch.Generator().manual_seed(3))
     got, got_cache = _decode_one_by_one(model, ids)
     bound = _eager(model)
     expected, expected_cache = _decode_one_by_one(model, ids)
-    model.native_decode = bound
+    model.native_step = bound
     assert _rel_err(got, expected) < 1e-5
     rows = slice(0, len(ids))
     assert torch.allclose(got_cache.keys[:, :, :, rows], expected_cache.keys[:, :, :, rows], atol=1e-5)
@@ -60,7 +60,7 @@ def test_native_decode_matches_eager_and_the_causal_forward(hf_checkpoints, arch
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
-def test_native_decode_files_the_same_expert_statistics(hf_checkpoints, arch):
+def test_native_step_files_the_same_expert_statistics(hf_checkpoints, arch):
     model = load_model(hf_checkpoints[arch][0])
     ids = torch.randint(0, 97, (30,), generator=torch.Generator().manual_seed(4))
     counts = []
@@ -70,12 +70,12 @@ def test_native_decode_files_the_same_expert_statistics(hf_checkpoints, arch):
         _decode_one_by_one(model, ids)
         counts.append((model.expert_load().clone(), model.experts_woken()))
         if bound is not None:
-            model.native_decode = bound
+            model.native_step = bound
     assert torch.equal(counts[0][0], counts[1][0])
     assert counts[0][0].sum() > 0 and counts[0][1] == counts[1][1]
 
 
-def test_native_decode_captures_the_layers_an_eagle_head_reads(hf_checkpoints):
+def test_native_step_captures_the_layers_an_eagle_head_reads(hf_checkpoints):
     model = load_model(hf_checkpoints["qwen3_moe"][0])
     model.capture_layers = (0, 2)
     ids = torch.randint(0, 97, (12,), generator=torch.Generator().manual_seed(5))
@@ -83,7 +83,7 @@ def test_native_decode_captures_the_layers_an_eagle_head_reads(hf_checkpoints):
     got = model.captured
     bound = _eager(model)
     _decode_one_by_one(model, ids)
-    model.native_decode = bound
+    model.native_step = bound
     assert got.shape == model.captured.shape == (1, 2 * model.config.hidden_size)
     assert torch.allclose(got, model.captured, atol=1e-5)
 
@@ -91,17 +91,17 @@ def test_native_decode_captures_the_layers_an_eagle_head_reads(hf_checkpoints):
 @pytest.mark.parametrize("arch", sorted(NOT_COVERED))
 def test_families_it_does_not_cover_decode_eagerly_and_say_why(hf_checkpoints, arch):
     model = load_model(hf_checkpoints[arch][0])
-    assert model.native_decode is None
+    assert model.native_step is None
     assert NOT_COVERED[arch] in native.unsupported(model)
 
 
 def test_rewriting_a_model_drops_its_native_step(tiny_models):
     model = load_model(tiny_models[0])
-    assert model.native_decode is not None
-    assert quantize_int8(model).native_decode is None  # int8 weights: the eager int8 path
+    assert model.native_step is not None
+    assert quantize_int8(model).native_step is None  # int8 weights: the eager int8 path
     moved = load_model(tiny_models[0])
     moved.to(torch.float64)
-    assert moved.native_decode is None
+    assert moved.native_step is None
 
 
 def test_without_a_compiler_models_decode_eagerly(tiny_models, tmp_path):
@@ -109,7 +109,7 @@ def test_without_a_compiler_models_decode_eagerly(tiny_models, tmp_path):
     script = ("import torch; from specdec import load_model, Segment; from kernels import cpu_decode\n"
               f"m = load_model({str(tiny_models[0])!r})\n"
               "c = m.new_cache(); out = m(torch.tensor([5]), torch.tensor([0]), [Segment(c, 1)])\n"
-              "print(m.native_decode is None, out.shape[-1], cpu_decode.why_not())\n")
+              "print(m.native_step is None, out.shape[-1], cpu_decode.why_not())\n")
     env = {**os.environ, "CC": str(tmp_path / "no-such-compiler"), "SPECDEC_NATIVE_CACHE": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                           cwd=Path(__file__).resolve().parents[2])
@@ -121,14 +121,14 @@ def test_without_a_compiler_models_decode_eagerly(tiny_models, tmp_path):
 def test_the_shipped_models_decode_natively_with_the_eager_tokens():
     """ar through the engine, native against eager, on the shipped target and draft."""
     engine = Engine.from_pretrained()
-    assert engine.target.native_decode is not None and engine.draft.native_decode is not None
+    assert engine.target.native_step is not None and engine.draft.native_step is not None
     config = json.loads((default_model_dir() / "target" / "config.json").read_text())
     assert config["architectures"] == ["Qwen3MoeForCausalLM"]
     prompts = list(code_prompts(3, seed=11, before=400, after=60))
     native_tokens = [engine.complete(p, s, strategy="ar", max_tokens=24, mode="multi").tokens for _, p, s in prompts]
     bound = (_eager(engine.target), _eager(engine.draft))
     eager_tokens = [engine.complete(p, s, strategy="ar", max_tokens=24, mode="multi").tokens for _, p, s in prompts]
-    engine.target.native_decode, engine.draft.native_decode = bound
+    engine.target.native_step, engine.draft.native_step = bound
     assert native_tokens == eager_tokens
     assert all(len(t) > 0 for t in native_tokens)
 
@@ -166,7 +166,7 @@ def test_native_steps_of_several_tokens_match_eager(hf_checkpoints, arch):
             logits = model(tokens, positions, [Segment(cache, len(tokens), tree)], logits_rows=rows)
             results.append((logits, cache.keys[:, :, :, : 20 + len(tokens)].clone(), model.expert_load().clone()))
             if bound is not None:
-                model.native_decode = bound
+                model.native_step = bound
         (got, got_keys, got_load), (expected, expected_keys, expected_load) = results
         assert got.shape == expected.shape
         assert _rel_err(got, expected) < 1e-5

@@ -81,7 +81,7 @@ def test_auto_picks_int8_for_a_float32_cpu_target_without_a_native_step_only(tin
     target, _ = tiny_models
     assert getattr(quantize_target(load_model(target), "auto"), "quantization", None) is None  # native fp32
     eager = load_model(target)
-    eager.native_decode = None  # as without a C compiler
+    eager.native_step = None  # as without a C compiler
     assert getattr(quantize_target(eager, "auto"), "quantization", None) == "int8"
     assert getattr(quantize_target(load_model(target, dtype=torch.bfloat16), "auto"), "quantization", None) is None
     sharded = load_model(target)
