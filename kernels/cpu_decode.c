@@ -1,5 +1,7 @@
-/* One step of a decoder-only transformer on the CPU for one sequence's new tokens: a decode
- * step, or a verify pass over a token tree.
+/* One step of a decoder-only transformer on the CPU for the new tokens of one or more
+ * sequences: decode steps, verify passes over token trees, and short prompt chunks riding along.
+ * Several sequences share one call so that each weight row is read once for all their tokens:
+ * on a memory-bound CPU that, not the arithmetic, is what a batched step costs.
  *
  * A small model's eager PyTorch step is mostly dispatch: a few hundred ops, each costing a
  * few microseconds of Python and ATen overhead, more than its arithmetic. This file runs the
@@ -62,9 +64,19 @@ typedef struct {
     Mat lm_head;
     const float *inv_freq;   /* [D / 2] */
     const Layer *layers;
-    const int32_t *capture;  /* [num_layers]: 1 copies that layer's input to capture_out */
-    int64_t capture_count;   /* layers marked in capture */
+    const int32_t *capture;  /* [capture_count]: the layer whose input goes to each slot of capture_out */
+    int64_t capture_count;   /* slots (a layer may fill several, as a tiny model's head asks) */
 } Model;
+
+/* One sequence's part of a step: its n new tokens (contiguous in the step, in sequence order)
+ * go after the `length` committed rows of its cache [L, 1, Hkv, capacity, D]. mask [n, n]:
+ * token t sees new token j where mask[t * n + j] (ancestor-or-self in a tree), or NULL for
+ * causal. */
+typedef struct {
+    float *keys, *values;
+    int64_t capacity, length, n;
+    const uint8_t *mask;
+} Seq;
 
 static inline float dot(const float *a, const float *b, int64_t n) {
     float acc = 0.0f;
@@ -233,7 +245,7 @@ static void attend_head(const float *q, const float *keys, const float *values, 
     }
 }
 
-int64_t specdec_abi_version(void) { return 3; }
+int64_t specdec_abi_version(void) { return 4; }
 
 /* The experts' (or the dense MLP's) share of the layer for n > 1 tokens: each (token, slot)
  * pair's whole SwiGLU on one thread, pairs sorted by expert so that a thread's consecutive
@@ -329,33 +341,45 @@ static void route_tokens(const Model *m, const Layer *layer, const float *normed
             if (ids[pair] == e) order[next++] = pair;
 }
 
-/* n new tokens of one sequence at `positions`, after `length` committed ones. keys/values: the
- * sequence's cache [L, 1, Hkv, capacity, D]; the new tokens' rows go to [length, length + n).
- * mask [n, n]: token t sees new token j where mask[t * n + j] (ancestor-or-self in a tree), or
- * NULL for causal. rows [nrows]: the tokens whose logits are wanted (NULL: all, nrows = n);
- * logits [nrows, V]. ids_out [layers with experts, n, k]; capture_out [n, captured layers * H]
- * or NULL; threads: the caller's (torch's) thread count, the calling thread's own setting.
+/* n new tokens of nseq sequences (seqs; their tokens contiguous, in order) at `positions`.
+ * rows [nrows]: the tokens whose logits are wanted (NULL: all, nrows = n); logits [nrows, V].
+ * ids_out [layers with experts, n, k]; capture_out [n, captured layers * H] or NULL; threads:
+ * the caller's (torch's) thread count, the calling thread's own setting.
  * Returns 0, or -1 when scratch memory is lacking. */
-int specdec_forward(const Model *m, int64_t n, const int64_t *tokens, const int64_t *positions, const uint8_t *mask,
-                    float *keys, float *values, int64_t capacity, int64_t length, const int64_t *rows,
-                    int64_t nrows, float *logits, int64_t *ids_out, float *capture_out, int threads) {
+int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, const int64_t *tokens,
+                    const int64_t *positions, const int64_t *rows, int64_t nrows, float *logits, int64_t *ids_out,
+                    float *capture_out, int threads) {
     const int64_t H = m->hidden, D = m->head_dim, Hq = m->heads, Hkv = m->kv_heads;
     const int64_t I = m->intermediate; /* the widest layer's */
-    const int64_t count = length + n, kv_rows = Hkv * capacity * D, group = Hq / Hkv, width = (Hq + 2 * Hkv) * D;
+    const int64_t group = Hq / Hkv, width = (Hq + 2 * Hkv) * D;
     const int64_t k_max = m->top_k > 0 ? m->top_k : 1, pairs = n * k_max;
+    int64_t count = 0, masks = 0; /* the longest row of attention scores; causal mask bytes */
+    for (int64_t s = 0; s < nseq; s++) {
+        if (seqs[s].length + seqs[s].n > count) count = seqs[s].length + seqs[s].n;
+        if (!seqs[s].mask) masks += seqs[s].n * seqs[s].n;
+    }
     const size_t floats = (size_t)(n * (3 * H + width + Hq * D + 2 * D + 256) + pairs * (2 * I + 2 * H) + n * Hq * count);
     float *scratch = malloc(floats * sizeof(float));
-    int64_t *indices = malloc((size_t)(3 * pairs) * sizeof(int64_t));
+    int64_t *indices = malloc((size_t)(3 * pairs + 2 * n) * sizeof(int64_t));
     float *weights = malloc((size_t)pairs * sizeof(float));
-    uint8_t *causal = mask ? NULL : malloc((size_t)(n * n));
-    if (!scratch || !indices || !weights || (!mask && !causal)) {
-        free(scratch), free(indices), free(weights), free(causal);
+    uint8_t *causal = malloc((size_t)(masks + 1));
+    const uint8_t **mask_of = malloc((size_t)(nseq + 1) * sizeof(uint8_t *));
+    if (!scratch || !indices || !weights || !causal || !mask_of) {
+        free(scratch), free(indices), free(weights), free(causal), free(mask_of);
         return -1;
     }
-    if (!mask) {
-        for (int64_t t = 0; t < n; t++)
-            for (int64_t j = 0; j < n; j++) causal[t * n + j] = j <= t;
-        mask = causal;
+    int64_t *seq_of = indices + 3 * pairs, *local_of = seq_of + n; /* each token's sequence and index in it */
+    uint8_t *next_mask = causal;
+    for (int64_t s = 0, t = 0; s < nseq; s++) {
+        const int64_t ns = seqs[s].n;
+        for (int64_t j = 0; j < ns; j++, t++) seq_of[t] = s, local_of[t] = j;
+        if (seqs[s].mask) {
+            mask_of[s] = seqs[s].mask;
+            continue;
+        }
+        for (int64_t a = 0; a < ns; a++)
+            for (int64_t b = 0; b < ns; b++) next_mask[a * ns + b] = b <= a;
+        mask_of[s] = next_mask, next_mask += ns * ns;
     }
     float *x = scratch, *normed = x + n * H, *h = normed + n * H, *qkv = h + n * H, *att = qkv + n * width;
     float *cos_ = att + n * Hq * D, *sin_ = cos_ + n * D, *router_logits = sin_ + n * D;
@@ -372,41 +396,45 @@ int specdec_forward(const Model *m, int64_t n, const int64_t *tokens, const int6
             sin_[t * D + i] = sin_[t * D + i + D / 2] = sinf(angle) * m->rope_factor;
         }
     }
-    int64_t moe_layer = 0, captured = 0;
+    int64_t moe_layer = 0;
 #pragma omp parallel num_threads(threads)
     {
     for (int64_t l = 0; l < m->num_layers; l++) {
         const Layer *layer = m->layers + l;
         const int64_t slots = layer->num_experts ? m->top_k : 1;
-        float *layer_keys = keys + l * kv_rows, *layer_values = values + l * kv_rows;
 #pragma omp single
         for (int64_t t = 0; t < n; t++) {
-            if (captures && m->capture[l]) memcpy(capture_out + (t * captures + captured) * H, x + t * H, (size_t)H * sizeof(float));
+            for (int64_t slot = 0; slot < captures; slot++)
+                if (m->capture[slot] == l) memcpy(capture_out + (t * captures + slot) * H, x + t * H, (size_t)H * sizeof(float));
             rms_norm(x + t * H, layer->attn_norm, normed + t * H, H, m->eps);
         }
         gemm(&layer->qkv, normed, H, qkv, width, n, layer->qkv_bias);
 #pragma omp barrier
 #pragma omp single
         {
-            if (captures && m->capture[l]) captured++;
             for (int64_t t = 0; t < n; t++) {
                 for (int64_t head = 0; head < Hq + Hkv; head++) {
                     float *vec = qkv + t * width + head * D;
                     if (layer->qk_norm) rms_norm(vec, layer->qk_norm + head * D, vec, D, m->eps);
                     rope(vec, cos_ + t * D, sin_ + t * D, D);
                 }
+                const Seq *seq = seqs + seq_of[t];
+                const int64_t layer_rows = l * Hkv * seq->capacity * D;
                 for (int64_t kv = 0; kv < Hkv; kv++) {
-                    const int64_t row = (kv * capacity + length + t) * D;
-                    memcpy(layer_keys + row, qkv + t * width + (Hq + kv) * D, (size_t)D * sizeof(float));
-                    memcpy(layer_values + row, qkv + t * width + (Hq + Hkv + kv) * D, (size_t)D * sizeof(float));
+                    const int64_t row = layer_rows + (kv * seq->capacity + seq->length + local_of[t]) * D;
+                    memcpy(seq->keys + row, qkv + t * width + (Hq + kv) * D, (size_t)D * sizeof(float));
+                    memcpy(seq->values + row, qkv + t * width + (Hq + Hkv + kv) * D, (size_t)D * sizeof(float));
                 }
             }
         }
 #pragma omp for schedule(static)
         for (int64_t job = 0; job < n * Hq; job++) {
             const int64_t t = job / Hq, head = job % Hq, kv = head / group;
-            attend_head(qkv + t * width + head * D, layer_keys + kv * capacity * D, layer_values + kv * capacity * D,
-                        length, n, mask + t * n, D, m->attn_scale, scores + job * count, att + (t * Hq + head) * D);
+            const Seq *seq = seqs + seq_of[t];
+            const int64_t at = (l * Hkv + kv) * seq->capacity * D;
+            attend_head(qkv + t * width + head * D, seq->keys + at, seq->values + at, seq->length, seq->n,
+                        mask_of[seq_of[t]] + local_of[t] * seq->n, D, m->attn_scale, scores + job * count,
+                        att + (t * Hq + head) * D);
         }
         gemm(&layer->o, att, Hq * D, h, H, n, layer->o_bias);
 #pragma omp barrier
@@ -451,6 +479,6 @@ int specdec_forward(const Model *m, int64_t n, const int64_t *tokens, const int6
     }
     gemm(&m->lm_head, h, H, logits, m->vocab, nrows, NULL);
     }
-    free(scratch), free(indices), free(weights), free(causal);
+    free(scratch), free(indices), free(weights), free(causal), free(mask_of);
     return 0;
 }

@@ -26,7 +26,7 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPI
 # glibc's vector math (libmvec) for the softmax's exponentials; a C library without it builds
 # with scalar expf instead.
 VECTOR_MATH, NO_VECTOR_MATH = ["-lmvec"], ["-DSPECDEC_NO_MVEC"]
-ABI_VERSION = 3
+ABI_VERSION = 4
 MAX_EXPERTS, MAX_TOP_K = 256, 64  # the C step's fixed routing buffers
 
 
@@ -61,6 +61,13 @@ class Model(ctypes.Structure):
                 ("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("lm_head", Mat),
                 ("inv_freq", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer)), ("capture", ctypes.c_void_p),
                 ("capture_count", ctypes.c_int64)]
+
+
+class Seq(ctypes.Structure):
+    """One sequence's part of a step: its cache, committed length, new tokens and tree mask."""
+
+    _fields_ = [("keys", ctypes.c_void_p), ("values", ctypes.c_void_p), ("capacity", ctypes.c_int64),
+                ("length", ctypes.c_int64), ("n", ctypes.c_int64), ("mask", ctypes.c_void_p)]
 
 
 def pointer(tensor: torch.Tensor | None) -> int | None:
@@ -126,10 +133,9 @@ def library() -> ctypes.CDLL | None:
         if lib.specdec_abi_version() != ABI_VERSION:
             raise RuntimeError("stale build of cpu_decode.c")
         lib.specdec_forward.restype = ctypes.c_int
-        lib.specdec_forward.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+        lib.specdec_forward.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.POINTER(Seq), ctypes.c_int64,
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+                                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     except (OSError, RuntimeError) as error:
         _WHY_NOT.append(str(error))
         log.warning("native CPU step unavailable, decoding eagerly: %s", error)

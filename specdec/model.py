@@ -374,7 +374,7 @@ EAGER_STEP = StepParts(_first, _seam, _last)
 
 class Transformer(nn.Module):
     step = EAGER_STEP  # an instance's own StepParts once compiled (specdec/compiled.py)
-    native_step = None  # one sequence's decode step or verify pass in one native call (specdec/native.py)
+    native_step = None  # short steps (decode, verify, batched users) in one native call (specdec/native.py)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -448,7 +448,7 @@ class Transformer(nn.Module):
         """
         native = self.native_step
         if native is not None and native.takes(input_ids, segments, logits_rows):
-            logits = native(input_ids, positions, segments[0].cache, segments[0].tree_mask, logits_rows)
+            logits = native(input_ids, positions, segments, logits_rows)
             if logits is not None:
                 return logits
         for seg in segments:

@@ -1,9 +1,10 @@
-"""One sequence's step in one native call: a Transformer's weights bound to kernels/cpu_decode.c.
+"""A step of a few new tokens in one native call: a Transformer's weights bound to kernels/cpu_decode.c.
 
-A forward of one sequence's few new tokens (plain decoding, a draft's steps, a verify pass
-over a token tree) is where a small model on the CPU spends its time in dispatch, not
-arithmetic; the native step runs it whole. Batches of several sequences and prefill chunks
-stay eager, where each op is large enough to carry its dispatch.
+A forward of a few new tokens (plain decoding, a draft's steps, a verify pass over a token
+tree, several users' steps batched together, a short prompt chunk riding along) is where a
+small model on the CPU spends its time in dispatch, not arithmetic; the native step runs it
+whole, reading each weight row once for all the sequences' tokens. Longer forwards (prompt
+prefill) stay eager, where each op is large enough to carry its dispatch.
 
 The binding reads the model's weights where they lie, in the layout fuse_for_inference left
 them (input-major or not), so it holds no copy. It covers the families whose layers are plain
@@ -20,25 +21,24 @@ import os
 import torch
 
 from kernels import cpu_decode
-from specdec.kvcache import KVCache
 from specdec.model import Attention, DenseMLP, SparseMoeBlock, Transformer
 from specdec.ops import CpuLogitsHead, Projection, rope_inverse_frequencies
 
 log = logging.getLogger(__name__)
 
-MAX_TOKENS = 32  # longer single-sequence steps (prefill chunks) run faster in MKL's GEMM
+MAX_TOKENS = 32  # longer steps (prefill chunks) run faster in MKL's GEMM
 
 
 class NativeStep:
-    """Callable: (input_ids, positions, cache, tree_mask, logits_rows) -> logits; writes the new
-    tokens' keys and values into the cache as its pending rows, as the eager forward does."""
+    """Callable: (input_ids, positions, segments, logits_rows) -> logits; writes each segment's
+    new keys and values into its cache as pending rows, as the eager forward does."""
 
     def __init__(self, model: Transformer, lib):
         cfg, self.lib, self.model = model.config, lib, model
         self.moe_blocks = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, SparseMoeBlock)]
         self.keep = []  # tensors whose addresses the descriptors hold
         layers = (cpu_decode.Layer * cfg.num_layers)(*(self._layer(layer) for layer in model.model.layers))
-        self.capture_layers, self.capture = (), torch.zeros(cfg.num_layers, dtype=torch.int32)
+        self.capture_layers, self.capture = (), torch.zeros(0, dtype=torch.int32)
         inv_freq, factor = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, model.rope_frequencies, "cpu")
         inv_freq = inv_freq.to(torch.float32).contiguous()
         head = getattr(model, "_lm_head", None)
@@ -50,7 +50,7 @@ class NativeStep:
             int(bool(cfg.norm_topk_prob)), cfg.rms_norm_eps,
             cfg.head_dim ** -0.5 if cfg.attention_scale is None else cfg.attention_scale, float(factor),
             cpu_decode.pointer(model.model.embed_tokens.weight), cpu_decode.pointer(model.model.norm.weight),
-            cpu_decode.Mat.of(lm_head), inv_freq.data_ptr(), layers, self.capture.data_ptr())
+            cpu_decode.Mat.of(lm_head), inv_freq.data_ptr(), layers, None)
         self.desc_ref = ctypes.byref(self.desc)
         self.embed_ptr = model.model.embed_tokens.weight.data_ptr()
         self.vocab, self.top_k, self.hidden = cfg.vocab_size, max(cfg.top_k, 1), cfg.hidden_size
@@ -80,33 +80,33 @@ class NativeStep:
         return desc
 
     def takes(self, input_ids, segments, logits_rows) -> bool:
-        """Whether a forward is one it runs: one sequence, at most MAX_TOKENS new tokens, some
-        logits wanted (a decode step or a verify pass), and the weights still where they were
-        bound (Transformer._apply drops the binding; this catches an assigned state dict)."""
-        if len(segments) != 1 or input_ids.numel() > MAX_TOKENS or (logits_rows is not None and len(logits_rows) == 0):
+        """Whether a forward is one it runs: at most MAX_TOKENS new tokens over all its
+        sequences, some logits wanted (decode steps or verify passes), and the weights still
+        where they were bound (Transformer._apply drops the binding; this catches an assigned
+        state dict)."""
+        if input_ids.numel() > MAX_TOKENS or (logits_rows is not None and len(logits_rows) == 0):
             return False
         return self.model.model.embed_tokens.weight.data_ptr() == self.embed_ptr
 
-    def __call__(self, input_ids, positions, cache: KVCache, tree_mask=None, logits_rows=None) -> torch.Tensor | None:
-        """As Transformer.forward for one segment: input_ids, positions [n] -> logits
-        [len(logits_rows) or n, V], or None when the step must run eagerly."""
+    def __call__(self, input_ids, positions, segments, logits_rows=None) -> torch.Tensor | None:
+        """As Transformer.forward: input_ids, positions [n] (the segments' tokens, in segment
+        order) -> logits [len(logits_rows) or n, V], or None when the step must run eagerly."""
         if self.capture_layers != self.model.capture_layers:  # an EAGLE-3 head attached or left
             self.capture_layers = tuple(self.model.capture_layers)
-            self.capture.zero_()[list(self.capture_layers)] = 1
-            self.desc.capture_count = len(self.capture_layers)
+            self.capture = torch.tensor(self.capture_layers, dtype=torch.int32)  # slot -> layer, repeats allowed
+            self.desc.capture, self.desc.capture_count = self.capture.data_ptr(), len(self.capture_layers)
         n = input_ids.numel()
-        cache.reserve(n)
+        seqs, masks = self._sequences(segments)
         rows = None if logits_rows is None else torch.as_tensor(logits_rows, dtype=torch.long)
         logits = torch.empty(n if rows is None else rows.numel(), self.vocab)
         ids = torch.empty(len(self.moe_blocks), n, self.top_k, dtype=torch.long)
         captured = torch.empty(n, len(self.capture_layers) * self.hidden) if self.capture_layers else None
         tokens, positions = input_ids.contiguous(), positions.to(torch.long).contiguous()
-        mask = None if tree_mask is None or n == 1 else tree_mask.to(torch.uint8).contiguous()
         status = self.lib.specdec_forward(
-            self.desc_ref, n, tokens.data_ptr(), positions.data_ptr(), None if mask is None else mask.data_ptr(),
-            cache.keys.data_ptr(), cache.values.data_ptr(), cache.capacity, cache.length,
+            self.desc_ref, len(segments), seqs, n, tokens.data_ptr(), positions.data_ptr(),
             None if rows is None else rows.data_ptr(), logits.shape[0], logits.data_ptr(), ids.data_ptr(),
             None if captured is None else captured.data_ptr(), torch.get_num_threads())
+        del masks  # held until the call returned: the descriptors point into them
         if status:  # its scratch memory (attention scores grow with the cache) was refused
             log.warning("the native step could not allocate its scratch memory; this step runs eagerly")
             return None
@@ -114,6 +114,22 @@ class NativeStep:
             block.file_ids(block_ids)
         self.model.captured = captured
         return logits
+
+    @staticmethod
+    def _sequences(segments):
+        """The C descriptors of the segments (each cache grown for its new tokens), and the
+        uint8 tree masks they point into."""
+        seqs, masks = (cpu_decode.Seq * len(segments))(), []
+        for seq, segment in zip(seqs, segments, strict=True):
+            cache = segment.cache
+            cache.reserve(segment.length)
+            mask = None
+            if segment.tree_mask is not None and segment.length > 1:
+                mask = segment.tree_mask.to(torch.uint8).contiguous()
+                masks.append(mask)
+            seq.keys, seq.values, seq.capacity = cache.keys.data_ptr(), cache.values.data_ptr(), cache.capacity
+            seq.length, seq.n, seq.mask = cache.length, segment.length, None if mask is None else mask.data_ptr()
+        return seqs, masks
 
 
 def unsupported(model: Transformer) -> str | None:

@@ -172,3 +172,46 @@ def test_native_steps_of_several_tokens_match_eager(hf_checkpoints, arch):
         assert _rel_err(got, expected) < 1e-5
         assert torch.allclose(got_keys, expected_keys, atol=1e-5)
         assert torch.equal(got_load, expected_load)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "llama"])
+def test_one_native_step_over_several_sequences_matches_eager(hf_checkpoints, arch):
+    """Several users in one forward (a tree, a single token, a causal chunk riding along, each
+    after its own cache's length): the logits of the rows asked for, every cache's new rows and
+    the expert statistics, against the eager batched forward."""
+    model = load_model(hf_checkpoints[arch][0])
+    ids = torch.randint(0, 97, (60,), generator=torch.Generator().manual_seed(11))
+    mask = _tree_mask([-1, 0, 0, 1, 2])
+    cached = [17, 30, 9]  # committed tokens of each sequence, so each attends over its own cache
+    steps = [(ids[40:45], cached[0] + mask.sum(1) - 1, mask), (ids[45:46], torch.tensor([cached[1]]), None),
+             (ids[46:52], torch.arange(cached[2], cached[2] + 6), None)]
+    rows = [0, 1, 2, 3, 4, 5, 11]  # the tree, the single token, the chunk's last row
+    results = []
+    for use_native in (True, False):
+        bound = None if use_native else _eager(model)
+        model.reset_expert_load()
+        caches = []
+        for start, length in zip((0, 5, 12), cached, strict=True):
+            cache = model.new_cache(capacity=8)  # each grows for its step
+            model(ids[start : start + length], torch.arange(length), [Segment(cache, length)], logits_rows=[length - 1])
+            cache.keep_all()
+            caches.append(cache)
+        model.reset_expert_load()
+        model.capture_layers = (1, 0, 1)  # as an EAGLE-3 head reads them; a tiny model repeats a layer
+        segments = [Segment(cache, len(tokens), tree) for cache, (tokens, _, tree) in zip(caches, steps, strict=True)]
+        assert bound is not None or model.native_step.takes(torch.cat([s[0] for s in steps]), segments, rows)
+        logits = model(torch.cat([s[0] for s in steps]), torch.cat([s[1] for s in steps]), segments, logits_rows=rows)
+        keys = [c.keys[:, :, :, : c.length + c.pending].clone() for c in caches]
+        values = [c.values[:, :, :, : c.length + c.pending].clone() for c in caches]
+        results.append((logits, keys, values, model.expert_load().clone(), model.captured))
+        model.capture_layers = ()
+        if bound is not None:
+            model.native_step = bound
+    (got, got_keys, got_values, got_load, got_features), (expected, expected_keys, expected_values, expected_load,
+                                                          expected_features) = results
+    assert got_features.shape == expected_features.shape and _rel_err(got_features, expected_features) < 1e-5
+    assert got.shape == expected.shape == (len(rows), model.config.vocab_size)
+    assert _rel_err(got, expected) < 1e-5
+    for mine, theirs in zip(got_keys + got_values, expected_keys + expected_values, strict=True):
+        assert mine.shape == theirs.shape and torch.allclose(mine, theirs, atol=1e-5)
+    assert torch.equal(got_load, expected_load)
