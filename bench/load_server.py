@@ -55,7 +55,8 @@ def body(text: str, cursor: int, path: str) -> dict:
             "stream": False, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
             "t_max_prompt_ms": 500, "t_max_predict_ms": 250, "path": path,
             "response_fields": ["content", "timings/predicted_n", "timings/prompt_n", "tokens_cached",
-                                "speculation/stop_reason", "speculation/tokens_cap"]}
+                                "speculation/stop_reason", "speculation/tokens_cap", "timings/prompt_ms",
+                                "timings/predicted_ms"]}
 
 
 async def session(client, url, files, deadline, interval, rng, stats, behaviour: str = "cancel"):
@@ -131,6 +132,10 @@ class Typist:
         # What the user got at the pause: a short wait for an empty answer is no suggestion.
         answer = answer if isinstance(answer, dict) else {}
         self.stats["pause_tokens"].append(answer.get("timings/predicted_n", 0))
+        # The server's own split of the wait: queued and prefilling (prompt_ms runs from its
+        # arrival), then decoding; the rest is the client's wait for an older request and HTTP.
+        self.stats["pause_server"].append((answer.get("timings/prompt_ms", 0.0), answer.get("timings/predicted_ms", 0.0),
+                                           answer.get("timings/prompt_n", 0)))
         reason, reasons = answer.get("speculation/stop_reason", "none"), self.stats["pause_reasons"]
         reasons[reason] = reasons.get(reason, 0) + 1
 
@@ -222,7 +227,7 @@ async def run(args) -> dict:
             rss_before = rss_mb(proc.pid)
             stats = {"latency": [], "pause_wait": [], "status": {}, "errors": 0, "abandoned": 0, "superseded": 0,
                      "paused": 0, "prefilled": [], "cached": [], "health_ms": [], "busy": 0, "capped": 0,
-                     "pause_tokens": [], "pause_reasons": {}}
+                     "pause_tokens": [], "pause_reasons": {}, "pause_server": []}
             deadline = time.monotonic() + args.seconds
             health = asyncio.create_task(probe_health(url, deadline))
             samples = asyncio.create_task(sample_process(proc.pid, deadline, args.sample_every))
@@ -252,6 +257,12 @@ async def run(args) -> dict:
                 "health_ms_max": max(stats["health_ms"], default=None),
                 "completed": len(lat), "abandoned": stats["abandoned"], "busy_answers": stats["busy"],
                 "capped_answers": stats["capped"],
+                "pause_server_ms": {part: {"p50": pick(0.5, xs), "p95": pick(0.95, xs)}
+                                    for part, xs in (("queued_and_prefill", sorted(a for a, _, _ in stats["pause_server"])),
+                                                     ("decode", sorted(b for _, b, _ in stats["pause_server"])))},
+                # The slowest pauses: [wait, queued and prefill, decode, prompt tokens prefilled] (ms).
+                "slowest_pauses": sorted(([round(w), round(a), round(b), n] for w, (a, b, n)
+                                          in zip(stats["pause_wait"], stats["pause_server"], strict=True)), reverse=True)[:8],
                 "pause_answers": {"empty": sum(n == 0 for n in stats["pause_tokens"]),
                                   "tokens_p50": median(stats["pause_tokens"]), "stop_reasons": stats["pause_reasons"]},
                 "superseded_answers": stats["superseded"], "pauses": stats["paused"],

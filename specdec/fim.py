@@ -137,7 +137,8 @@ class PromptBuilder:
         tokens left for the line being typed: the token count of that line goes up and down as
         its last word merges and splits (`retu` is two tokens, `return` one), and a cut sized by
         it would swing between two anchors on alternate keystrokes, each swing a prefill of the
-        whole prefix. Sized so, the cut moves only when a line is added above the cursor.
+        whole prefix. Sized so, the cut moves only when a line is added above the cursor, and
+        not on the keystroke that adds it (see settled_newline).
         """
         window = _line_start_at_or_after(prefix, len(prefix) - CHARS_PER_TOKEN_MAX * (max(keep, fits) + LINE_ALLOWANCE))
         text = prefix[window:]
@@ -145,7 +146,7 @@ class PromptBuilder:
         if window > 0 and len(encoding.ids) < max(keep, fits) + LINE_ALLOWANCE:
             window, text, encoding = 0, prefix, self._encoding(prefix)
         ids, offsets = encoding.ids, encoding.offsets
-        above = bisect.bisect_left(offsets, (text.rfind("\n"), -1))  # tokens of the lines before the cursor's
+        above = bisect.bisect_left(offsets, (settled_newline(text), -1))  # tokens of the settled lines
         if window == 0 and above + LINE_ALLOWANCE <= fits and len(ids) <= fits:
             return ids, False, above + LINE_ALLOWANCE
         target = max(0, min(keep - LINE_ALLOWANCE, above))
@@ -218,6 +219,23 @@ class PromptBuilder:
         return out, truncated, kept
 
 
+def settled_newline(text: str) -> int:
+    """Where the lines that size the prompt's layout (the prefix's cut, the context's room and
+    which context is chosen) end: the newline before the cursor's line, or, while the cursor's
+    line is still blank (Enter was just pressed, perhaps with an indent, perhaps more than once),
+    the one before the last line that is not blank. -1: no such line.
+
+    Enter is the keystroke after which users pause and wait for a suggestion. Counted at once,
+    the line it completes would move the cut or refresh the context on exactly that request,
+    a prefill of most of the prompt while the user waits; counted from the new line's first
+    character, the change lands on a keystroke of a burst, whose prefill goes on as the user
+    types the line (the prompt cache keeps what a superseded request prefilled)."""
+    last = text.rfind("\n")
+    if last >= 0 and not text[last + 1 :].strip():
+        return text.rstrip().rfind("\n")
+    return last
+
+
 def _line_start_at_or_after(text: str, position: int) -> int:
     if position <= 0:
         return 0
@@ -226,8 +244,9 @@ def _line_start_at_or_after(text: str, position: int) -> int:
 
 
 def _anchor_at_or_after(text: str, start: int) -> int | None:
-    """The first anchor line start at or after `start`; the first line start if no anchor is
-    near; None if no line starts there."""
+    """The first anchor line start (one non-blank line in about ANCHOR_EVERY, by a hash of its
+    text) at or after `start`; the first line start if no anchor is near; None if no line starts
+    there."""
     line = _line_start_at_or_after(text, start)
     if line == 0 and start > 0:
         return None
@@ -236,7 +255,9 @@ def _anchor_at_or_after(text: str, start: int) -> int | None:
         end = text.find("\n", line)
         if end < 0:
             break
-        if zlib.crc32(text[line:end].encode("utf-8", "surrogatepass")) % ANCHOR_EVERY == 0:
+        body = text[line:end]
+        # Blank lines are no anchors: they all hash alike, and code has one every few lines.
+        if body.strip() and zlib.crc32(body.encode("utf-8", "surrogatepass")) % ANCHOR_EVERY == 0:
             return line
         line = end + 1
     return first

@@ -15,6 +15,8 @@ import time
 from collections import OrderedDict
 from typing import NamedTuple
 
+from specdec.fim import settled_newline
+
 CONTEXT_RESERVE_TOKENS = 512  # of the prompt kept for retrieved chunks however long the file is
 CHARS_PER_TOKEN = 3.5  # code, with the default tokenizer: turns the token budget into characters
 REFRESH_LINES = 12  # new lines above the cursor after which the context is chosen again
@@ -53,7 +55,7 @@ class StableContext:
 
     def chunks(self, index, options) -> tuple[tuple, float]:
         """((filename, text) chunks, retrieval ms) for the request's cursor; ms is 0 when reused."""
-        above = options.prefix[: options.prefix.rfind("\n") + 1]
+        above = options.prefix[: settled_newline(options.prefix) + 1]  # Enter alone refreshes nothing
         path = index.relative(options.path) if options.path else None
         generation = index.retriever.generation(path)
         document = options.document if options.document is not None else path

@@ -96,6 +96,21 @@ def test_context_stays_the_same_while_typing_on_near_the_line_it_was_chosen_for(
     assert off.stats.context_chunks == 0
 
 
+def test_enter_alone_refreshes_no_context_the_next_keystroke_does(repo, tiny_models):
+    """Users pause after Enter: the line it completes counts towards a refresh only from the new
+    line's first character, so the request they wait on keeps its context and its warm cache."""
+    index = Index.build(repo, workers=1)
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), index)
+    chosen = APP + "    a = 1\n    "
+    assert engine.complete(chosen, "", max_tokens=2, path="pkg/app.py", document="d").stats.retrieval_ms > 0
+    typed = chosen + "".join(f"x_{i} = {i}\n    " for i in range(REFRESH_LINES - 1)) + "last = 0"  # its lines: REFRESH_LINES
+    assert engine.complete(typed, "", max_tokens=2, path="pkg/app.py", document="d").stats.retrieval_ms == 0.0
+    entered = engine.complete(typed + "\n    ", "", max_tokens=2, path="pkg/app.py", document="d")
+    assert entered.stats.retrieval_ms == 0.0 and entered.stats.prefill_tokens <= 8
+    next_key = engine.complete(typed + "\n    y", "", max_tokens=2, path="pkg/app.py", document="d")
+    assert next_key.stats.retrieval_ms > 0  # more than REFRESH_LINES lines typed on: chosen again
+
+
 def test_a_changed_file_drops_its_old_definitions(repo):
     index = Index.build(repo, workers=1)
     assert index.prepare_retrieval() > 0

@@ -88,6 +88,35 @@ def test_context_chunks_stay_while_a_short_prefix_grows(tiny_models):
     assert len(counts) == 1 and counts.pop() > 0
 
 
+def test_enter_keeps_the_prompt_and_the_cut_moves_seldom(tiny_models):
+    """Users pause after Enter and wait: typing real code (blank lines and all) into a prefix
+    too long for the prompt, the Enter keystroke must prefill only what it added, and the cut
+    (a prefill of the whole prefix) must move seldom as lines are typed."""
+    from specdec import load_model
+    from tests.helpers import STDLIB
+
+    builder = PromptBuilder(load_model(tiny_models[0]).tokenizer, "spm", max_tokens=512)
+    lines = (STDLIB / "argparse.py").read_text().split("\n")[:420]
+    suffix = "\n" + "\n".join(lines[400:420])
+    fed_at_enter, cut_moves, previous = [], 0, None
+    for row in range(150, 400):
+        before = "\n".join(lines[:row]) + "\n" + lines[row]  # the line typed, the cursor at its end
+        typed = builder.build(before, suffix)
+        entered = builder.build(before + "\n", suffix)
+        assert typed.truncated and entered.truncated
+        fed_at_enter.append(len(entered.ids) - _common(typed.ids, entered.ids))
+        if previous is not None:  # the line's first keystroke, and its Enter
+            cut_moves += len(typed.ids) - _common(previous, typed.ids) > 100
+        cut_moves += fed_at_enter[-1] > 100
+        previous = entered.ids
+    assert max(fed_at_enter) <= 32, fed_at_enter  # the newline, and the healed word given back
+    assert cut_moves <= 48, cut_moves  # 53 when blank lines, a few lines apart in code, were anchors too
+
+
+def _common(a, b) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
 def test_window_sliding_by_whole_lines_keeps_the_cut(tiny_models):
     """llama.vim sends the last 256 lines: its window drops a line at the front per new line."""
     from specdec import load_model
