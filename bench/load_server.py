@@ -159,13 +159,26 @@ async def probe_health(url: str, deadline: float) -> list:
     return times
 
 
-async def sample_process(pid: int, deadline: float, every: float) -> list:
-    """The server's RSS, threads and descriptors every `every` seconds during the load."""
+async def sample_process(pid: int, deadline: float, every: float, url: str | None = None) -> list:
+    """The server's RSS, threads and descriptors every `every` seconds during the load, and the
+    prompt cache's bytes (bounded by its cap: the rest of the RSS must stay flat)."""
     series = []
-    while time.monotonic() < deadline:
-        series.append(process_sample(pid))
-        await asyncio.sleep(every)
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() < deadline:
+            sample = process_sample(pid)
+            if url is not None:
+                try:
+                    metrics = (await client.get(f"{url}/metrics", timeout=10)).text
+                    sample["prompt_cache_mb"] = round(_gauge(metrics, "specdec_prompt_cache_bytes") / 2**20, 1)
+                except httpx.HTTPError:
+                    pass
+            series.append(sample)
+            await asyncio.sleep(every)
     return series
+
+
+def _gauge(metrics: str, name: str) -> float:
+    return next((float(line.split()[1]) for line in metrics.splitlines() if line.startswith(name + " ")), 0.0)
 
 
 async def request(client, url, payload, stats):
@@ -230,7 +243,7 @@ async def run(args) -> dict:
                      "pause_tokens": [], "pause_reasons": {}, "pause_server": []}
             deadline = time.monotonic() + args.seconds
             health = asyncio.create_task(probe_health(url, deadline))
-            samples = asyncio.create_task(sample_process(proc.pid, deadline, args.sample_every))
+            samples = asyncio.create_task(sample_process(proc.pid, deadline, args.sample_every, url))
             # Each session edits its own files: two sessions typing in one file would supersede each other.
             await asyncio.gather(*(session(client, url, files[i :: args.sessions] or files, deadline, args.interval,
                                            random.Random(rng.random()), stats, args.client)
