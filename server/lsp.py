@@ -20,7 +20,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
-from server.longlived import freeze_what_is_loaded, unfreeze
+from server.longlived import freeze_what_is_loaded, return_freed_caches, unfreeze
 from specdec import STRATEGIES, CompletionOptions
 
 log = logging.getLogger("specdec.lsp")
@@ -229,6 +229,7 @@ def run(engine, repo: Path | None = None, tcp: str | None = None) -> int:
     engine.start()
     server = build_server(engine, repo)
     freeze_what_is_loaded()
+    return_freed_caches()  # a long editing session must not grow the heap once the prompt cache is full
     try:
         if tcp:
             host, _, port = tcp.rpartition(":")

@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect
 from server import openapi, routes_index, routes_infill, routes_openai, routes_ops
 from server.bridge import EngineBridge
 from server.errors import ApiError
-from server.longlived import freeze_what_is_loaded, unfreeze
+from server.longlived import freeze_what_is_loaded, return_freed_caches, unfreeze
 from server.metrics import Metrics
 from server.settings import Settings
 
@@ -147,5 +147,6 @@ def serve(settings: Settings, engine=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_key:
         log.warning("listening on %s without an API key: anyone who can reach it can use it", settings.host)
+    return_freed_caches()  # the whole process serves: its heap must stay flat under a full prompt cache
     uvicorn.run(create_app(settings, engine), host=settings.host, port=settings.port, log_level="info")
     return 0

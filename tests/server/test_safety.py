@@ -149,3 +149,35 @@ def test_what_the_server_loaded_is_kept_out_of_full_collections(models, repo):
         assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
         assert not any(o is server.engine for o in gc.get_objects())  # the collector's generations skip it
     assert gc.get_freeze_count() == 0
+
+
+_HEAP_CHILD = """
+import sys
+import torch
+from server.longlived import return_freed_caches
+
+def anon_mb():
+    line = next(l for l in open("/proc/self/status") if l.startswith("RssAnon:"))
+    return int(line.split()[1]) / 1024
+
+if sys.argv[1] == "set":
+    assert return_freed_caches()
+first = torch.ones(3 << 18)
+del first  # a first freed mapping: glibc's default then serves this size from the heap
+base = anon_mb()
+held = [torch.ones(700_000 + 1000 * i) for i in range(40)]  # about 2.8 MB each, as KV caches
+del held[:-1]  # the prompt cache evicts the older entries and keeps the newest
+print(anon_mb() - base)
+"""
+
+
+def test_caches_the_server_frees_go_back_to_the_system():
+    """A long-running server's RSS must stay flat once its prompt cache is full: an evicted KV
+    cache is returned to the system when freed, though a newer one is still held."""
+    import subprocess
+    import sys
+
+    grown = {mode: float(subprocess.run([sys.executable, "-c", _HEAP_CHILD, mode], capture_output=True, text=True,
+                                        check=True).stdout) for mode in ("default", "set")}
+    assert grown["default"] > 60, grown  # the premise: glibc's default keeps the freed heap
+    assert grown["set"] < 16, grown
