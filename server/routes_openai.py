@@ -31,8 +31,8 @@ async def completions(request: Request, state: StateDep, body: BodyDep):
     options = options.with_changes(document=document_key(request.client.host if request.client else "-", options))
     meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
             "model": model}
-    if parsed["stream"]:
-        return StreamingResponse(_stream(state, options, meta), media_type="text/event-stream")
+    if parsed["stream"]:  # submitted before the stream starts: a refused request still gets its 4xx
+        return StreamingResponse(_stream(state, state.bridge.start(options), meta), media_type="text/event-stream")
     result = await state.bridge.run(options, request)
     return JSONResponse({**meta, "choices": [_choice(result.text, _finish_reason(result))],
                          "usage": _usage(result), "speculation": result.stats.as_dict()})
@@ -52,9 +52,8 @@ def _usage(result) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _stream(state, options, meta):
+async def _stream(state, handle, meta):
     """SSE: `data: {json}` events, then `data: [DONE]`; no comment lines (Continue stops at them)."""
-    handle = state.bridge.start(options)
     sent = ""
     try:
         async for delta in handle.deltas():

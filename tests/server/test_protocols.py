@@ -118,3 +118,7 @@ def test_a_request_may_choose_its_fim_order_among_the_familys(live):
     assert lacking.status_code == 400 and "qwen format has psm, spm" in lacking.json()["error"]["message"]
     unknown = httpx.post(f"{live.url}/v1/completions", json={"prompt": "x = ", "fim_mode": "middle"}, timeout=60)
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "fim_mode"
+    for route, streamed in (("/infill", dict(body, stream=True)), ("/v1/completions", {"prompt": "x = ", "stream": True})):
+        # refused before the stream starts (schemathesis found the stream broken off instead)
+        refused = httpx.post(f"{live.url}{route}", json=dict(streamed, fim_mode="suffix_first"), timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "fim_mode", route
