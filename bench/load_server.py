@@ -169,7 +169,7 @@ async def sample_process(pid: int, deadline: float, every: float, url: str | Non
             if url is not None:
                 try:
                     metrics = (await client.get(f"{url}/metrics", timeout=10)).text
-                    sample["prompt_cache_mb"] = round(_gauge(metrics, "specdec_prompt_cache_bytes") / 2**20, 1)
+                    sample["prompt_cache_mb"] = round(float(gauge(metrics, "specdec_prompt_cache_bytes") or 0) / 2**20, 1)
                 except httpx.HTTPError:
                     pass
             series.append(sample)
@@ -177,8 +177,9 @@ async def sample_process(pid: int, deadline: float, every: float, url: str | Non
     return series
 
 
-def _gauge(metrics: str, name: str) -> float:
-    return next((float(line.split()[1]) for line in metrics.splitlines() if line.startswith(name + " ")), 0.0)
+def gauge(metrics: str, name: str) -> str | None:
+    """One gauge's value as /metrics writes it (None when absent)."""
+    return next((line.split()[1] for line in metrics.splitlines() if line.startswith(name + " ")), None)
 
 
 async def request(client, url, payload, stats):
@@ -262,7 +263,7 @@ async def run(args) -> dict:
         lat, waits = sorted(stats["latency"]), sorted(stats["pause_wait"])
         pick = lambda q, xs=lat: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None  # noqa: E731
         median = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
-        gauge = lambda name: next((line.split()[1] for line in metrics.splitlines() if line.startswith(name + " ")), None)  # noqa: E731
+        cache_mb = float(gauge(metrics, "specdec_prompt_cache_bytes") or 0) / 2**20
         return {"client": args.client, "sessions": args.sessions, "seconds": args.seconds,
                 "pause_wait_ms": {"p50": pick(0.5, waits), "p95": pick(0.95, waits), "p99": pick(0.99, waits),
                                   "count": len(waits)},
@@ -284,9 +285,9 @@ async def run(args) -> dict:
                 "latency_ms_p50": pick(0.5), "latency_ms_p95": pick(0.95), "rss_mb_before": rss_before,
                 "rss_mb_after": rss_after, "process_every_sample": samples, "process_after": after,
                 "queue_depth_after": queue_after,
-                "prompt_cache_mb_after": float(gauge("specdec_prompt_cache_bytes") or 0) / 2**20,
+                "prompt_cache_mb_after": cache_mb,
                 # The prompt cache is bounded (LRU); the rest of the process must stay flat.
-                "rss_mb_after_minus_prompt_cache": rss_after - float(gauge("specdec_prompt_cache_bytes") or 0) / 2**20, "tau": gauge("specdec_tau"),
+                "rss_mb_after_minus_prompt_cache": rss_after - cache_mb, "tau": gauge(metrics, "specdec_tau"),
                 "completed_prefill_tokens_p50": median(stats["prefilled"]),
                 "completed_cached_tokens_p50": median(stats["cached"]), "server_alive_after": not metrics.startswith("# metrics unavailable")}
     finally:
