@@ -50,9 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--data", type=Path, help="a packed corpus (pack stage) instead of the live corpus")
-    parser.add_argument("--mix", choices=("default", "copy"), default="default",
-                        help="sample kinds (copy: a third of the samples see an edited earlier revision first)")
-    parser.add_argument("--init-from", type=Path, help="a model directory to start from when there is no checkpoint")
+    parser.add_argument("--mix", choices=("default", "copy", "recall"), default="default",
+                        help="sample kinds (copy: a third of the samples see an edited earlier revision first; "
+                             "recall: a quarter are unrelated lines, then some of them again)")
+    parser.add_argument("--init-from", type=Path, help="a model (or, for head, an EAGLE-3 head) directory to start from "
+                             "when there is no checkpoint")
     parser.add_argument("--teacher", type=Path, help="the draft's teacher (default: runs/target's checkpoint)")
     return parser
 
@@ -76,6 +78,8 @@ def main(argv=None) -> int:
     if args.stage == "head":
         raw = head_config(teacher.config)
         model = build_head(raw, teacher, args.seed).to(args.device)
+        if args.init_from and checkpoint_state(run_dir) is None:
+            _init_head(model, args.init_from, teacher)
     else:
         raw = target_config(tokenizer.get_vocab_size(), special, args.shape) if args.stage == "target" \
             else draft_config(tokenizer.get_vocab_size(), special)
@@ -91,7 +95,7 @@ def main(argv=None) -> int:
     else:
         maker = _sample_maker(args, tokenizer, seed=settings.seed)
         source = maker
-    if args.stage == "head" and checkpoint_state(run_dir) is None:
+    if args.stage == "head" and checkpoint_state(run_dir) is None and not args.init_from:
         draft_vocabulary(model, (source.batch(i, 8, settings.seq_len) for i in range(200)))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
@@ -127,6 +131,16 @@ def _initial_model(raw: dict, args, run_dir: Path):
         model.load_state_dict(start.state_dict(), strict=False)
         log.info("initialised from %s", args.init_from)
     return model
+
+
+def _init_head(head, path: Path, teacher) -> None:
+    """A head's weights and draft vocabulary from `path`; the embedding stays the teacher's."""
+    from specdec.eagle import load_eagle3
+
+    start = load_eagle3(path, teacher).state_dict()
+    start.pop("embed_tokens.weight")
+    head.load_state_dict(start, strict=False)
+    log.info("initialised the head from %s", path)
 
 
 def _teacher(args, special: dict, tokenizer):

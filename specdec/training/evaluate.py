@@ -9,7 +9,11 @@ Every figure is on packages never trained on (corpus.HELD_OUT), at points drawn 
   completed exactly (single-line mode, the file's following text as suffix);
 - copy_test: lines that repeat an earlier line of the same file exactly, given the text before
   the line and its first 4 characters; `naive_copier` is the most recent earlier line with the
-  same indentation and first 4 characters, for scale;
+  same indentation and first 4 characters, for scale, and `naive_copier_in_window` the same copier
+  limited to the PREFIX_CHARS the model is given (the fair bar: it sees what the model sees);
+- repeat_recall: argmax accuracy on a 200-token window of held-out code given twice in a row, on
+  the second copy (`first`: on the first, for contrast). A model with induction heads copies the
+  second almost perfectly; one that only models code scores about what it does on the first;
 - fim_parses: a block completed at a line start (multi-line mode), spliced into a file that
   parses, still parses;
 - draft_agreement: positions of held-out code where the draft's argmax equals the target's.
@@ -122,11 +126,49 @@ def copy_points(files, count: int, seed: int, given: int = 4):
 
 def _naive_copy(lines, row: int, given: int) -> str | None:
     line = lines[row]
-    head = line[: len(line) - len(line.lstrip()) + given]
-    for earlier in reversed(lines[:row]):
+    return _copy_from(lines[:row], line[: len(line) - len(line.lstrip()) + given])
+
+
+def _naive_copy_in_window(prefix: str) -> str | None:
+    """The naive copier over the lines the model is given; the prefix ends with the line's head."""
+    lines = prefix.split("\n")
+    if len(prefix) >= PREFIX_CHARS:
+        lines = lines[1:]  # the window cut into its first line
+    return _copy_from(lines[:-1], lines[-1]) if lines else None
+
+
+def _copy_from(earlier_lines, head: str) -> str | None:
+    """The rest of the most recent earlier line that starts with `head`."""
+    for earlier in reversed(earlier_lines):
         if earlier.startswith(head):
             return earlier[len(head) :]
     return None
+
+
+@torch.inference_mode()
+def repeat_recall(model, files, windows: int = 20, size: int = 200) -> dict:
+    """Argmax accuracy on the first and the second of two copies of a window (first 10 tokens skipped)."""
+    first = second = 0.0
+    used = 0
+    for f in by_hash(files):
+        ids = model.tokenizer.encode(f.text).ids
+        if len(ids) < 2 * size:
+            continue
+        start = len(ids) // 3
+        chunk = torch.tensor([ids[start : start + size] * 2])
+        hits = (model.logits(chunk)[0, :-1].argmax(-1) == chunk[0, 1:]).float()
+        first += hits[10 : size - 1].mean().item()
+        second += hits[size + 10 :].mean().item()
+        used += 1
+        if used == windows:
+            break
+    return {"first": first / max(1, used), "second": second / max(1, used), "windows": used}
+
+
+def _hit_rate(guesses, points) -> float:
+    hits = sum(guess is not None and guess.rstrip() == truth.rstrip()
+               for guess, (_, truth, *_) in zip(guesses, points, strict=True))
+    return hits / max(1, len(points))
 
 
 def exact_rate(engine: Engine, points, mode: str = "single") -> float:
@@ -168,7 +210,8 @@ def evaluate(target, draft, held_out, points: int, seed: int, head=None) -> dict
     line_points = next_line_points(files, points, seed)
     copies = copy_points(files, points, seed)
     report = {"held_out_files": len(files), "points": points, "copy_points": len(copies)}
-    report["naive_copier"] = sum(n is not None and n.rstrip() == t.rstrip() for _, t, _, n in copies) / max(1, len(copies))
+    report["naive_copier"] = _hit_rate([naive for *_, naive in copies], copies)
+    report["naive_copier_in_window"] = _hit_rate([_naive_copy_in_window(prefix) for prefix, *_ in copies], copies)
     for name, model in (("target", target), ("draft", draft)):
         if model is None:
             continue
@@ -178,6 +221,7 @@ def evaluate(target, draft, held_out, points: int, seed: int, head=None) -> dict
             "next_line_exact_match": exact_rate(engine, line_points),
             "copy_test": exact_rate(engine, copies),
             "fim_parses": fim_parse_rate(engine, files, max(20, points // 4), seed),
+            "repeat_recall": repeat_recall(model, files),
         }
         print(name, json.dumps(report[name]), file=sys.stderr, flush=True)
     if target is not None and draft is not None:

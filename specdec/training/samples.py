@@ -37,12 +37,17 @@ class Mix:
     context_chars: int = 1400  # retrieved chunks, all together
     siblings: int = 8  # files whose windows are ranked for retrieval
     revision: float = 0.0  # samples whose only context is an edited earlier revision of their window
+    recall: float = 0.0  # samples of unrelated lines, then some of them again in another order
 
 
 # Induction (copy what the context already holds) is what the plain mix taught least; the copy mix
 # shows a third of the samples an earlier revision of their own code first, as the engine's
 # "recently edited" chunks and the prompt cache do, with edits so that blind copying is wrong.
-MIXES = {"default": Mix(), "copy": Mix(context=0.4, answer_chunk=0.15, revision=0.35)}
+# The recall mix teaches induction outright: lines drawn from unrelated files cannot be predicted
+# from each other, so the only way to complete a line seen before is to find it and copy it. Fresh
+# lines among the repeats keep the model from copying whenever a line merely starts alike.
+MIXES = {"default": Mix(), "copy": Mix(context=0.4, answer_chunk=0.15, revision=0.35),
+         "recall": Mix(recall=0.25)}
 
 
 class SampleMaker:
@@ -66,6 +71,8 @@ class SampleMaker:
         m, sp = self.mix, self.special
         file = self.files[_bisect(self.cumulative, rng.random() * self.cumulative[-1])]
         draw = rng.random()
+        if draw >= 1 - m.recall:
+            return self._recall(rng, file)
         revised = draw < m.revision  # the revision and the window share the row: half as long each
         window = _window(rng, file.text, m.window_chars // (2 if revised else 1))
         kind = rng.random()
@@ -108,6 +115,23 @@ class SampleMaker:
             budget -= len(text)
             ids = [self.special[FILE_SEP]] + self.encode(f"{path}\n{text}\n") + ids
         return ids
+
+    def _recall(self, rng, file) -> list[int]:
+        """Lines of random files, then a shuffled sample of them mixed with fresh lines."""
+        def line() -> str:
+            for _ in range(20):
+                other = self.files[rng.randrange(len(self.files))].text
+                at = other.rfind("\n", 0, rng.randrange(len(other) + 1)) + 1
+                text = other[at:other.find("\n", at) if "\n" in other[at:] else len(other)]
+                if 12 <= len(text.strip()) <= 120:
+                    return text
+            return "pass"
+        seen = [line() for _ in range(rng.randrange(8, 40))]
+        again = rng.sample(seen, rng.randrange(1, len(seen) + 1))
+        again += [line() for _ in range(rng.randrange(0, 1 + len(again) // 3))]
+        rng.shuffle(again)
+        text = "\n".join(seen) + "\n" + "\n".join(again) + "\n"
+        return [self.special[FILE_SEP]] + self.encode(f"{file.path}\n{text}") + [self.special[EOT]]
 
     def batch(self, step: int, batch_size: int, seq_len: int) -> list[list[int]]:
         """[batch_size, seq_len + 1] rows of packed samples, the same for the same (seed, step)."""

@@ -94,6 +94,20 @@ def test_context_holds_the_middle_when_the_answer_chunk_is_drawn(tokenizer):
     assert hits >= 15
 
 
+def test_recall_samples_repeat_earlier_lines_in_another_order(tokenizer):
+    maker = _maker(tokenizer, Mix(recall=1.0))
+    repeated = fresh = 0
+    for seed in range(20):
+        ids = maker.sample(random.Random(seed))
+        lines = tokenizer.decode(ids, skip_special_tokens=True).split("\n")[1:-1]  # after the path line
+        seen = set()
+        for line in lines:
+            repeated, fresh = repeated + (line in seen), fresh + (line not in seen)
+            seen.add(line)
+        assert len(set(lines)) < len(lines)  # every sample repeats something
+    assert repeated > 100 and fresh > repeated  # fresh lines too, so copying is not always right
+
+
 def test_packed_rows_round_trip(tokenizer, tmp_path):
     path = write_packed(_maker(tokenizer), tokens=2000, seq_len=32, out=tmp_path / "packed.npz", block_rows=8)
     rows = np.load(path)["rows"]
@@ -131,6 +145,7 @@ def test_recipe_trains_distils_and_exports_from_a_packed_corpus(tokenizer, tmp_p
     """The path a machine without network takes (python -m specdec.training ... --data), with a
     tiny step count: target, then the draft distilled from it, then export and load."""
     from specdec import Engine, load_model
+    from specdec.eagle import load_eagle3
     from specdec.training.__main__ import main
 
     packed = write_packed(_maker(tokenizer), tokens=600, seq_len=32, out=tmp_path / "packed.npz", block_rows=8)
@@ -138,8 +153,16 @@ def test_recipe_trains_distils_and_exports_from_a_packed_corpus(tokenizer, tmp_p
               "--threads", "1", "--tokens", "128"]
     assert main(["target", *common]) == 0
     assert main(["draft", *common]) == 0
+    assert main(["head", *common]) == 0
     assert main(["export", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "models")]) == 0
     target, draft = load_model(tmp_path / "models" / "target"), load_model(tmp_path / "models" / "draft")
+    # A head continued from an exported one keeps its weights and draft vocabulary (lr 0: no update).
+    assert main(["head", *common, "--name", "head_again", "--init-from", str(tmp_path / "models" / "head"),
+                 "--lr", "0"]) == 0
+    exported = load_eagle3(tmp_path / "models" / "head", target).state_dict()
+    continued = torch.load(tmp_path / "runs" / "head_again" / "checkpoint.pt", weights_only=False)["model"]
+    for name in ("fc.weight", "lm_head.weight", "d2t"):
+        assert torch.equal(continued[name].to(exported[name].dtype), exported[name]), name
     assert target.config.is_moe and target.config.num_experts >= 8 and not draft.config.is_moe
     result = Engine(target, draft).complete("def add(a, b):\n    return ", max_tokens=3, strategy="hybrid")
     assert len(result.tokens) <= 3
@@ -201,3 +224,12 @@ def test_a_head_drafts_over_the_most_frequent_tokens(tokenizer):
     assert len(set(kept.tolist())) == 64 and counts[kept].min() >= counts.sort(descending=True).values[63]
     loss, (step0, step1) = head_loss(head, target, torch.as_tensor(rows[0]))
     assert torch.isfinite(loss) and 0 <= float(step0) <= 1 and 0 <= float(step1) <= 1
+
+
+def test_the_fair_copier_sees_only_the_models_window():
+    from specdec.training.evaluate import PREFIX_CHARS, _naive_copy_in_window
+
+    far = "    value = compute(far)\n"
+    assert _naive_copy_in_window(far + "x = 1\n" + "    valu") == "e = compute(far)"
+    beyond = (far + "x = 1\n" * PREFIX_CHARS + "    valu")[-PREFIX_CHARS:]
+    assert _naive_copy_in_window(beyond) is None
