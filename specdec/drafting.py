@@ -73,6 +73,26 @@ def ngram_paths(sequence: list[int], stats, max_ngram: int = 4, max_tokens: int 
     return paths
 
 
+def runner_ups(prob, best: int, before: float, min_prob: float, stop_ids=(), k: int = 3, to_target=None):
+    """[(token, cumulative prob)] of the next `k - 1` most likely tokens after `best` in `prob`,
+    where `before` is the probability of the chain up to here; those below min_prob, and stop
+    tokens, are left out. to_target maps a head's draft-vocabulary ids to the target's."""
+    top = torch.topk(prob, min(k, prob.numel()))
+    found = []
+    for index, q in zip(top.indices.tolist(), top.values.tolist(), strict=True):
+        token = index if to_target is None else int(to_target(torch.tensor(index)))
+        if index != best and before * q >= min_prob and token not in stop_ids:
+            found.append((token, before * q))
+    return found
+
+
+def branch_paths(tokens: list, probs: list, alternatives) -> list[tuple[list, list]]:
+    """(tokens, probs) of one-token branches off a greedy chain: alternatives[d] are the runner-ups
+    at depth d, so a branch is the chain's first d tokens and then the runner-up."""
+    return [(tokens[:depth] + [token], probs[:depth] + [prob])
+            for depth, found in enumerate(alternatives) if depth <= len(tokens) for token, prob in found]
+
+
 class DraftRunner:
     """Keeps the draft model's KV cache in step with one sequence and drafts greedy chains."""
 
@@ -80,7 +100,7 @@ class DraftRunner:
         self.model = model
         self.cache = cache if cache is not None else model.new_cache()
         self.synced = []  # tokens whose keys and values are in the cache
-        self.alternatives = []  # runner-up first tokens of the last chain
+        self.alternatives = []  # alternatives[d]: runner-ups at depth d of the last chain (see branch_paths)
 
     def adopt(self, cache, tokens: list[int]) -> None:
         self.cache, self.synced = cache, list(tokens[: cache.length])
@@ -101,8 +121,9 @@ class DraftRunner:
         self.synced = self.synced[:common]
 
     def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
-        """Greedy draft tokens after `committed` with the cumulative probability of each, and the
-        runner-up first tokens [(token, prob)] as one-token branches (they cost no extra forward)."""
+        """Greedy draft tokens after `committed` with the cumulative probability of each, and in
+        self.alternatives the runner-ups [(token, prob)] at each depth: one-token branches that
+        cost no extra forward, since each depth's distribution is computed for the chain anyway."""
         self._rewind(committed)  # the last committed token is fed below
         feed = committed[len(self.synced) :]
         tokens, probs, p = [], [], 1.0
@@ -118,10 +139,7 @@ class DraftRunner:
                 logits = masked
             prob = torch.softmax(logits, dim=-1)
             token = int(torch.argmax(prob))
-            if depth == 0:
-                top = torch.topk(prob, 3)
-                self.alternatives = [(int(t), float(q)) for t, q in zip(top.indices[1:], top.values[1:], strict=True)
-                                     if float(q) >= min_prob and int(t) not in stop_ids]
+            self.alternatives.append(runner_ups(prob, token, p, min_prob, stop_ids))
             p *= float(prob[token])
             if p < min_prob:
                 break

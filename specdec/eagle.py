@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from specdec.config import ConfigError
+from specdec.drafting import runner_ups
 from specdec.kvcache import KVCache
 from specdec.model import RMSNorm
 from specdec.ops import apply_rope, rope_cos_sin
@@ -229,7 +230,7 @@ class EagleRunner:
     @torch.inference_mode()
     def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
         """Greedy target-vocabulary tokens after `committed` with their cumulative probabilities,
-        and the runner-up first tokens as (token, prob) in self.alternatives."""
+        and the runner-ups at each depth in self.alternatives, as DraftRunner.chain gives them."""
         self.alternatives = []
         usable = min(len(self.features), len(committed) - 1)  # pairs (features[p], committed[p + 1])
         if usable <= 0:
@@ -244,11 +245,7 @@ class EagleRunner:
             prob = torch.softmax(self._restricted(logits[-1], allowed_first if depth == 0 else None), dim=-1)
             best = int(prob.argmax())
             token = int(self.head.to_target(torch.tensor(best)))
-            if depth == 0:
-                top = torch.topk(prob, min(3, prob.numel()))
-                self.alternatives = [(int(self.head.to_target(t)), float(q))
-                                     for t, q in zip(top.indices[1:], top.values[1:], strict=True)
-                                     if float(q) >= min_prob and int(self.head.to_target(t)) not in stop_ids]
+            self.alternatives.append(runner_ups(prob, best, cumulative, min_prob, stop_ids, to_target=self.head.to_target))
             cumulative *= float(prob[best])
             if cumulative < min_prob:
                 break

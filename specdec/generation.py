@@ -22,7 +22,7 @@ import torch
 
 from specdec.accept import Sampling, Uniforms, accept
 from specdec.budget import grow_tree, min_useful_prob
-from specdec.drafting import DraftPath, DraftRunner, history_paths, ngram_paths, trie_paths
+from specdec.drafting import DraftPath, DraftRunner, branch_paths, history_paths, ngram_paths, trie_paths
 from specdec.eagle import EagleRunner
 from specdec.history import MATCH_LENGTHS
 from specdec.model import Segment
@@ -298,7 +298,8 @@ class Generation:
                                           engine.prompts.stop_ids)
             scale = acceptance.draft_scale
             paths.append(DraftPath("draft", tokens, [p * scale for p in probs]))
-            paths += [DraftPath("draft", [token], [prob * scale]) for token, prob in drafter.alternatives]
+            paths += [DraftPath("draft", branch, [p * scale for p in branch_probs])
+                      for branch, branch_probs in branch_paths(tokens, probs, drafter.alternatives)]
         return paths
 
     def segment(self, tree: TokenTree):

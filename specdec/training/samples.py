@@ -38,6 +38,7 @@ class Mix:
     siblings: int = 8  # files whose windows are ranked for retrieval
     revision: float = 0.0  # samples whose only context is an edited earlier revision of their window
     recall: float = 0.0  # samples of unrelated lines, then some of them again in another order
+    synthetic: float = 0.0  # samples of a run of random tokens, repeated: induction and nothing else
 
 
 # Induction (copy what the context already holds) is what the plain mix taught least; the copy mix
@@ -47,7 +48,7 @@ class Mix:
 # from each other, so the only way to complete a line seen before is to find it and copy it. Fresh
 # lines among the repeats keep the model from copying whenever a line merely starts alike.
 MIXES = {"default": Mix(), "copy": Mix(context=0.4, answer_chunk=0.15, revision=0.35),
-         "recall": Mix(recall=0.25)}
+         "recall": Mix(recall=0.25), "induct": Mix(recall=0.2, synthetic=0.3)}
 
 
 class SampleMaker:
@@ -71,8 +72,8 @@ class SampleMaker:
         m, sp = self.mix, self.special
         file = self.files[_bisect(self.cumulative, rng.random() * self.cumulative[-1])]
         draw = rng.random()
-        if draw >= 1 - m.recall:
-            return self._recall(rng, file)
+        if draw >= 1 - m.recall - m.synthetic:
+            return self._recall(rng, file) if draw >= 1 - m.recall else self._random_repeat(rng)
         revised = draw < m.revision  # the revision and the window share the row: half as long each
         window = _window(rng, file.text, m.window_chars // (2 if revised else 1))
         kind = rng.random()
@@ -132,6 +133,12 @@ class SampleMaker:
         rng.shuffle(again)
         text = "\n".join(seen) + "\n" + "\n".join(again) + "\n"
         return [self.special[FILE_SEP]] + self.encode(f"{file.path}\n{text}") + [self.special[EOT]]
+
+    def _random_repeat(self, rng) -> list[int]:
+        special = set(self.special.values())
+        run = [t for t in (rng.randrange(self.tokenizer.get_vocab_size()) for _ in range(rng.randrange(8, 64)))
+               if t not in special]
+        return run * rng.randrange(2, 5) + [self.special[EOT]]
 
     def batch(self, step: int, batch_size: int, seq_len: int) -> list[list[int]]:
         """[batch_size, seq_len + 1] rows of packed samples, the same for the same (seed, step)."""

@@ -15,7 +15,7 @@ from specdec.training.corpus import EVAL_REPOSITORIES, SourceFile, build_corpus,
 from specdec.training.dedup import drop_duplicates
 from specdec.training.packed import PackedBatches, write_packed
 from specdec.training.samples import Mix, SampleMaker
-from specdec.training.tokenizer import FILE_SEP, FIM_MIDDLE
+from specdec.training.tokenizer import EOT, FILE_SEP, FIM_MIDDLE
 from specdec.training.train import TrainSettings, build_model, train
 from tests.helpers import STDLIB, tiny_config
 
@@ -106,6 +106,17 @@ def test_recall_samples_repeat_earlier_lines_in_another_order(tokenizer):
             seen.add(line)
         assert len(set(lines)) < len(lines)  # every sample repeats something
     assert repeated > 100 and fresh > repeated  # fresh lines too, so copying is not always right
+
+
+def test_synthetic_samples_are_a_random_run_repeated(tokenizer):
+    maker = _maker(tokenizer, Mix(synthetic=1.0))
+    special = set(maker.special.values())
+    for seed in range(10):
+        ids = maker.sample(random.Random(seed))
+        body = ids[:-1]
+        period = next(p for p in range(1, len(body)) if body[p:] == body[:-p])
+        assert len(body) // period >= 2 and len(body) % period == 0  # two copies or more
+        assert ids[-1] == maker.special[EOT] and not special & set(body)
 
 
 def test_packed_rows_round_trip(tokenizer, tmp_path):

@@ -1,0 +1,33 @@
+"""The draft model's chain and its branches: every depth's runner-ups, with their probabilities."""
+
+import pytest
+import torch
+
+from specdec.drafting import DraftRunner, branch_paths
+from specdec.loader import load_model
+
+
+def test_branches_leave_the_chain_at_their_depth():
+    tokens, probs = [5, 6, 7], [0.9, 0.6, 0.3]
+    alternatives = [[(8, 0.05)], [], [(9, 0.2), (10, 0.1)], [(11, 0.02)]]
+    assert branch_paths(tokens, probs, alternatives) == [
+        ([8], [0.05]), ([5, 6, 9], [0.9, 0.6, 0.2]), ([5, 6, 10], [0.9, 0.6, 0.1]), ([5, 6, 7, 11], [0.9, 0.6, 0.3, 0.02])]
+
+
+@torch.inference_mode()
+def test_runner_ups_at_every_depth_are_the_drafts_own_distribution(tiny_models):
+    draft = load_model(tiny_models[1])
+    committed = draft.tokenizer.encode("def add(a, b):\n    return a").ids
+    runner = DraftRunner(draft)
+    runner.sync(committed)
+    tokens, probs = runner.chain(committed, max_depth=4, min_prob=0.0)
+    assert len(tokens) == 4 and len(runner.alternatives) == 4
+    before = 1.0
+    for depth, found in enumerate(runner.alternatives):
+        dist = torch.softmax(draft.logits(torch.tensor([committed + tokens[:depth]]))[0, -1], -1)
+        top = torch.topk(dist, 3)
+        assert [t for t, _ in found] == [t for t in top.indices.tolist() if t != tokens[depth]]
+        for token, prob in found:
+            assert prob == pytest.approx(before * float(dist[token]), rel=1e-4)
+        before *= float(dist[tokens[depth]])
+        assert probs[depth] == pytest.approx(before, rel=1e-4)
