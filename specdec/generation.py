@@ -35,6 +35,11 @@ from specdec.tree import TokenTree
 
 REPORTED_AS = {"suggestion": "history"}  # sources learned apart but reported as one (Stats.SOURCES)
 
+# Forced speculation (Engine(adaptive=False), eval --always-speculate) measures the sources'
+# acceptance apart from the hardware, so the draft's floor there is a confidence, not the
+# measured ratio of draft to target cost that the adaptive engine drafts by.
+FORCED_DRAFT_FLOOR = 0.05
+
 
 class State(enum.Enum):
     QUEUED = "queued"
@@ -289,10 +294,11 @@ class Generation:
             paths += ngram_paths(self.committed, acceptance)
         drafter = self.eagle if self.eagle is not None else self.draft
         if drafter is not None:
-            # A draft token must pay for its draft forward and for its place in the tree.
-            floor = engine.draft_min_prob
+            # A draft token must pay for its draft forward and for its place in the tree; when
+            # speculation is forced, costs are no concern, and the draft drafts while it is not guessing.
+            floor = FORCED_DRAFT_FLOOR
             if engine.adaptive:
-                floor = max(floor, min_useful_prob(engine.verify_cost)) / acceptance.draft_scale
+                floor = max(engine.draft_min_prob, min_useful_prob(engine.verify_cost)) / acceptance.draft_scale
             first = self.prompt.allowed_first if self.healing_pending else None
             tokens, probs = drafter.chain(self.committed, engine.draft_depth, min(0.95, floor), first,
                                           engine.prompts.stop_ids)

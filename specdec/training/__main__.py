@@ -50,10 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--data", type=Path, help="a packed corpus (pack stage) instead of the live corpus")
-    parser.add_argument("--mix", choices=("default", "copy", "recall", "induct"), default="default",
+    parser.add_argument("--mix", choices=("default", "copy", "recall", "induct", "settle"), default="default",
                         help="sample kinds (copy: a third of the samples see an edited earlier revision first; "
                              "recall: a quarter are unrelated lines, then some of them again; "
-                             "induct: recall plus repeated runs of random tokens)")
+                             "induct: recall plus repeated runs of random tokens; settle: recall and a few such runs)")
     parser.add_argument("--init-from", type=Path, help="a model (or, for head, an EAGLE-3 head) directory to start from "
                              "when there is no checkpoint")
     parser.add_argument("--teacher", type=Path, help="the draft's teacher (default: runs/target's checkpoint)")

@@ -48,7 +48,8 @@ class Mix:
 # from each other, so the only way to complete a line seen before is to find it and copy it. Fresh
 # lines among the repeats keep the model from copying whenever a line merely starts alike.
 MIXES = {"default": Mix(), "copy": Mix(context=0.4, answer_chunk=0.15, revision=0.35),
-         "recall": Mix(recall=0.25), "induct": Mix(recall=0.2, synthetic=0.3)}
+         "recall": Mix(recall=0.25), "induct": Mix(recall=0.2, synthetic=0.3),
+         "settle": Mix(recall=0.25, synthetic=0.05)}  # after induct: code again, the circuit kept in use
 
 
 class SampleMaker:

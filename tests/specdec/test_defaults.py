@@ -109,6 +109,19 @@ def test_default_models_are_lossless(engine):
                 assert got.tokens == ref.tokens
 
 
+def test_forced_speculation_drafts_whatever_a_draft_step_costs(engine):
+    """--always-speculate measures acceptance apart from the hardware: a draft as slow as the
+    target would draft about one token per pass if the cost ratio still set its floor."""
+    forced = Engine(engine.target, engine.draft, None, adaptive=False)
+    forced.draft_min_prob = 0.5  # the floor the adaptive engine would take from such a draft
+    prompts = code_prompts(4, seed=14, before=600, after=100)
+    nodes = passes = 0
+    for _path, prefix, suffix in prompts:
+        stats = forced.complete(prefix, suffix, strategy="draft", max_tokens=24, mode="multi").stats
+        nodes, passes = nodes + stats["tree_nodes"], passes + stats["target_passes"]
+    assert nodes / passes >= 4
+
+
 def test_keystroke_follow_up_prefills_few_tokens(engine):
     _path, prefix, suffix = code_prompts(1, seed=12, before=1500, after=300)[0]
     engine.complete(prefix, suffix, max_tokens=8)
