@@ -27,7 +27,7 @@ from specdec.training.eagle3 import build_head, draft_vocabulary, head_config, h
 from specdec.training.packed import PackedBatches, write_packed
 from specdec.training.recipe import DEFAULT_SHAPE, TARGET_SHAPES, active_params, draft_config, target_config
 from specdec.training.tokenizer import SPECIAL_TOKENS
-from specdec.training.train import TrainSettings, build_model, checkpoint_state, run_model, train
+from specdec.training.train import TrainSettings, build_model, checkpoint_state, has_checkpoint, run_model, train
 
 log = logging.getLogger("specdec.training")
 MODELS = Path(__file__).resolve().parents[1] / "default_models"
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     if args.stage == "head":
         raw = head_config(teacher.config)
         model = build_head(raw, teacher, args.seed).to(args.device)
-        if args.init_from and checkpoint_state(run_dir) is None:
+        if args.init_from and not has_checkpoint(run_dir):
             _init_head(model, args.init_from, teacher)
     else:
         raw = target_config(tokenizer.get_vocab_size(), special, args.shape) if args.stage == "target" \
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     else:
         maker = _sample_maker(args, tokenizer, seed=settings.seed)
         source = maker
-    if args.stage == "head" and checkpoint_state(run_dir) is None and not args.init_from:
+    if args.stage == "head" and not has_checkpoint(run_dir) and not args.init_from:
         draft_vocabulary(model, (source.batch(i, 8, settings.seq_len) for i in range(200)))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
@@ -127,7 +127,7 @@ def _sample_maker(args, tokenizer, seed: int | None = None):
 
 def _initial_model(raw: dict, args, run_dir: Path):
     model = build_model(raw, args.seed).to(args.device)
-    if args.init_from and checkpoint_state(run_dir) is None:
+    if args.init_from and not has_checkpoint(run_dir):
         start = load_model(args.init_from, device=args.device)
         model.load_state_dict(start.state_dict(), strict=False)
         log.info("initialised from %s", args.init_from)

@@ -124,7 +124,8 @@ class SampleMaker:
             for _ in range(20):
                 other = self.files[rng.randrange(len(self.files))].text
                 at = other.rfind("\n", 0, rng.randrange(len(other) + 1)) + 1
-                text = other[at:other.find("\n", at) if "\n" in other[at:] else len(other)]
+                end = other.find("\n", at)
+                text = other[at : len(other) if end < 0 else end]
                 if 12 <= len(text.strip()) <= 120:
                     return text
             return "pass"

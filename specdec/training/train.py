@@ -162,8 +162,12 @@ def run_model(run_dir: Path) -> tuple[Transformer, dict, dict]:
 
 
 def checkpoint_state(run_dir: Path) -> dict | None:
-    path = run_dir / "checkpoint.pt"
-    return torch.load(path, weights_only=False, map_location="cpu") if path.exists() else None
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False, map_location="cpu") if has_checkpoint(run_dir) else None
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether a run would resume; cheaper than checkpoint_state, which loads the optimizer too."""
+    return (run_dir / "checkpoint.pt").exists()
 
 
 def _resume(run_dir: Path, model, optimizer) -> tuple[int, float]:
