@@ -85,10 +85,121 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return acc;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* The vector products. Each output y[t][r] is summed in one fixed order whatever the number of
+ * tokens, the tile it falls in or the thread that computes it, so that a token's logits do not
+ * depend on what else shares its step: a verify pass then sees exactly the numbers that decoding
+ * the same tokens one by one would. */
+
+/* Input-major (s_row == 1): y[t][r..r+16) = sum over c, in order, of x[t][c] w[c][r..r+16), for
+ * T tokens at once (2T accumulators in registers, each weight vector loaded once for all T). */
+static inline __attribute__((always_inline)) void tile_input_major(const float *w, int64_t s_col, int64_t cols,
+                                                                   const float *X, int64_t ldx, float *Y,
+                                                                   int64_t ldy, const int T) {
+    __m256 acc[6][2];
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < cols; c++) {
+        const __m256 w0 = _mm256_loadu_ps(w + c * s_col), w1 = _mm256_loadu_ps(w + c * s_col + 8);
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            const __m256 xb = _mm256_broadcast_ss(X + t * ldx + c);
+            acc[t][0] = _mm256_fmadd_ps(xb, w0, acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(xb, w1, acc[t][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++) {
+        _mm256_storeu_ps(Y + t * ldy, acc[t][0]);
+        _mm256_storeu_ps(Y + t * ldy + 8, acc[t][1]);
+    }
+}
+
+static void gemm_input_major(const Mat *m, const float *X, int64_t ldx, float *Y, int64_t ldy, int64_t n,
+                             int64_t r0, int64_t r1) {
+    int64_t r = r0;
+    for (; r + 16 <= r1; r += 16) {
+        const float *w = m->w + r;
+        int64_t t = 0;
+        for (; t + 6 <= n; t += 6) tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 6);
+        switch (n - t) {
+        case 5: tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 5); break;
+        case 4: tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 4); break;
+        case 3: tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 3); break;
+        case 2: tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 2); break;
+        case 1: tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 1); break;
+        }
+    }
+    for (; r < r1; r++) /* the last few rows: one lane's order, in scalar */
+        for (int64_t t = 0; t < n; t++) {
+            float acc = 0.0f;
+            for (int64_t c = 0; c < m->cols; c++) acc = fmaf(X[t * ldx + c], m->w[c * m->s_col + r], acc);
+            Y[t * ldy + r] = acc;
+        }
+}
+
+/* The sum of a vector's lanes, always in the order ((0+4)+(2+6)) + ((1+5)+(3+7)). */
+static inline float lanes_sum(__m256 v) {
+    __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    return _mm_cvtss_f32(_mm_add_ss(half, _mm_shuffle_ps(half, half, 1)));
+}
+
+/* Output-major (s_col == 1, cols % 8 == 0): y[t][r] = lanes_sum of eight running sums (lane j
+ * takes the columns c = j mod 8, in order), for R rows and T tokens at once. */
+static inline __attribute__((always_inline)) void tile_output_major(const float *w, int64_t s_row, int64_t cols,
+                                                                    const float *X, int64_t ldx, float *Y,
+                                                                    int64_t ldy, const int R, const int T) {
+    __m256 acc[4][3];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < cols; c += 8) {
+        __m256 x[3];
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) x[t] = _mm256_loadu_ps(X + t * ldx + c);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            const __m256 wv = _mm256_loadu_ps(w + i * s_row + c);
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) acc[i][t] = _mm256_fmadd_ps(wv, x[t], acc[i][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) Y[t * ldy + i] = lanes_sum(acc[i][t]);
+}
+
+static void gemm_output_major(const Mat *m, const float *X, int64_t ldx, float *Y, int64_t ldy, int64_t n,
+                              int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1;) {
+        const int R = r1 - r >= 4 ? 4 : 1;
+        const float *w = m->w + r * m->s_row;
+        int64_t t = 0;
+        if (R == 4) {
+            for (; t + 3 <= n; t += 3) tile_output_major(w, m->s_row, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 4, 3);
+            for (; t < n; t++) tile_output_major(w, m->s_row, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 4, 1);
+        } else {
+            for (; t < n; t++) tile_output_major(w, m->s_row, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 1, 1);
+        }
+        r += R;
+    }
+}
+#endif
+
 /* The rows [r0, r1) of Y = X W^T (+ bias) for n input rows X [n, ldx] into Y [n, ldy]; each
  * thread calls it with its own range. Weight rows are read once for all n inputs. */
 static void gemm_rows(const Mat *m, const float *X, int64_t ldx, float *Y, int64_t ldy, int64_t n, const float *bias,
                       int64_t r0, int64_t r1) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (m->s_col == 1 && m->cols % 8 == 0)
+        gemm_output_major(m, X, ldx, Y, ldy, n, r0, r1);
+    else if (m->s_row == 1)
+        gemm_input_major(m, X, ldx, Y, ldy, n, r0, r1);
+    else
+#endif
     if (m->s_col == 1) {
         int64_t r = r0;
         for (; r + 4 <= r1; r += 4) { /* four rows share each load of x */
@@ -222,6 +333,26 @@ static void scores_of(const float *q, const float *keys, int64_t count, int64_t 
     for (; j < count; j++) scores[j] = dot(q, keys + j * dim, dim) * scale;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* out = sum_j scores[j] values[j] / total for a head of 8 * V floats, the sum held in registers
+ * (a masked row's score is exactly 0 and adds nothing). */
+static inline __attribute__((always_inline)) void weigh_values(const float *scores, const float *values,
+                                                               int64_t count, float total, float *out, const int V) {
+    __m256 acc[16];
+#pragma GCC unroll 16
+    for (int v = 0; v < V; v++) acc[v] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < count; j++) {
+        const __m256 p = _mm256_broadcast_ss(scores + j);
+        const float *row = values + j * 8 * V;
+#pragma GCC unroll 16
+        for (int v = 0; v < V; v++) acc[v] = _mm256_fmadd_ps(p, _mm256_loadu_ps(row + 8 * v), acc[v]);
+    }
+    const __m256 scale = _mm256_set1_ps(1.0f / total);
+#pragma GCC unroll 16
+    for (int v = 0; v < V; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], scale));
+}
+#endif
+
 /* One query head over the cache's committed rows [0, length) and the visible ones of the n new
  * rows after them (visible[j], or all of them when visible is NULL). */
 static void attend_head(const float *q, const float *keys, const float *values, int64_t length, int64_t n,
@@ -235,6 +366,13 @@ static void attend_head(const float *q, const float *keys, const float *values, 
     for (int64_t j = 0; j < count; j++) peak = scores[j] > peak ? scores[j] : peak;
 #pragma omp simd reduction(+ : total)
     for (int64_t j = 0; j < count; j++) total += scores[j] = expf(scores[j] - peak);
+#if defined(__AVX2__) && defined(__FMA__)
+    switch (dim) {
+    case 32: weigh_values(scores, values, count, total, out, 4); return;
+    case 64: weigh_values(scores, values, count, total, out, 8); return;
+    case 128: weigh_values(scores, values, count, total, out, 16); return;
+    }
+#endif
     memset(out, 0, (size_t)dim * sizeof(float));
     for (int64_t j = 0; j < count; j++) {
         const float p = scores[j] / total;
@@ -428,8 +566,8 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
             }
         }
 #pragma omp for schedule(static)
-        for (int64_t job = 0; job < n * Hq; job++) {
-            const int64_t t = job / Hq, head = job % Hq, kv = head / group;
+        for (int64_t job = 0; job < n * Hq; job++) { /* by kv head, so its cache stays in this core's cache */
+            const int64_t kv = job / (n * group), t = job / group % n, head = kv * group + job % group;
             const Seq *seq = seqs + seq_of[t];
             const int64_t at = (l * Hkv + kv) * seq->capacity * D;
             attend_head(qkv + t * width + head * D, seq->keys + at, seq->values + at, seq->length, seq->n,
