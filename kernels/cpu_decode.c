@@ -16,9 +16,12 @@
  * small serial pieces (norms, RoPE, routing) run on one thread between barriers. The library links the OpenMP runtime that the
  * process already has (PyTorch's), so it shares torch's threads and thread count.
  *
- * Matrices are read where they lie, in either layout the model keeps (see Mat): no copies.
- * Sums run in another order than the eager step's, so logits agree with it within float
- * rounding, as any two matmul libraries do.
+ * Matrices are read where they lie, in either layout the model keeps (see Mat), or from a bf16
+ * copy at the same strides where bf16 holds their values exactly. Sums run in another order
+ * than the eager step's, so logits agree with it within float rounding, as any two matmul
+ * libraries do; but in the AVX2 build each sum's order is fixed per token, so a token's logits
+ * are bit for bit the same whatever else shares its step (see the vector products and
+ * attend_head_exact).
  */
 #include <math.h>
 #include <omp.h>
@@ -40,6 +43,7 @@ __attribute__((__simd__("notinbranch"))) float expf(float);
 typedef struct {
     const float *w;
     int64_t rows, cols, s_row, s_col;
+    const uint16_t *half; /* the same values in bf16 at the same strides, or NULL (see load_weights) */
 } Mat;
 
 typedef struct {
@@ -88,19 +92,27 @@ static inline float dot(const float *a, const float *b, int64_t n) {
 #if defined(__AVX2__) && defined(__FMA__)
 /* The vector products. Each output y[t][r] is summed in one fixed order whatever the number of
  * tokens, the tile it falls in or the thread that computes it, so that a token's logits do not
- * depend on what else shares its step: a verify pass then sees exactly the numbers that decoding
- * the same tokens one by one would. */
+ * depend on what else shares its step: a verify pass sees the numbers that decoding the same
+ * tokens one by one would. A matrix with a bf16 copy (Mat.half) is read from it: the same
+ * values in half the bytes, which is what a memory-bound step pays for. */
+
+static inline __attribute__((always_inline)) __m256 load_weights(const void *w, int64_t at, const int half) {
+    if (half) /* bf16 to fp32 is exact: the bf16 bits are the float's upper half */
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + at))), 16));
+    return _mm256_loadu_ps((const float *)w + at);
+}
 
 /* Input-major (s_row == 1): y[t][r..r+16) = sum over c, in order, of x[t][c] w[c][r..r+16), for
  * T tokens at once (2T accumulators in registers, each weight vector loaded once for all T). */
-static inline __attribute__((always_inline)) void tile_input_major(const float *w, int64_t s_col, int64_t cols,
+static inline __attribute__((always_inline)) void tile_input_major(const void *w, int64_t s_col, int64_t cols,
                                                                    const float *X, int64_t ldx, float *Y,
-                                                                   int64_t ldy, const int T) {
+                                                                   int64_t ldy, const int T, const int half) {
     __m256 acc[6][2];
 #pragma GCC unroll 6
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int64_t c = 0; c < cols; c++) {
-        const __m256 w0 = _mm256_loadu_ps(w + c * s_col), w1 = _mm256_loadu_ps(w + c * s_col + 8);
+        const __m256 w0 = load_weights(w, c * s_col, half), w1 = load_weights(w, c * s_col + 8, half);
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) {
             const __m256 xb = _mm256_broadcast_ss(X + t * ldx + c);
@@ -115,20 +127,31 @@ static inline __attribute__((always_inline)) void tile_input_major(const float *
     }
 }
 
+/* Sixteen rows from `r` for all n tokens, six at a time. */
+static inline __attribute__((always_inline)) void panel_input_major(const Mat *m, int64_t r, const float *X,
+                                                                    int64_t ldx, float *Y, int64_t ldy, int64_t n,
+                                                                    const int half) {
+    const void *w = half ? (const void *)(m->half + r) : (const void *)(m->w + r);
+    int64_t t = 0;
+    for (; t + 6 <= n; t += 6) tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 6, half);
+    X += t * ldx, Y += t * ldy + r;
+    switch (n - t) {
+    case 5: tile_input_major(w, m->s_col, m->cols, X, ldx, Y, ldy, 5, half); break;
+    case 4: tile_input_major(w, m->s_col, m->cols, X, ldx, Y, ldy, 4, half); break;
+    case 3: tile_input_major(w, m->s_col, m->cols, X, ldx, Y, ldy, 3, half); break;
+    case 2: tile_input_major(w, m->s_col, m->cols, X, ldx, Y, ldy, 2, half); break;
+    case 1: tile_input_major(w, m->s_col, m->cols, X, ldx, Y, ldy, 1, half); break;
+    }
+}
+
 static void gemm_input_major(const Mat *m, const float *X, int64_t ldx, float *Y, int64_t ldy, int64_t n,
                              int64_t r0, int64_t r1) {
     int64_t r = r0;
     for (; r + 16 <= r1; r += 16) {
-        const float *w = m->w + r;
-        int64_t t = 0;
-        for (; t + 6 <= n; t += 6) tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 6);
-        switch (n - t) {
-        case 5: tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 5); break;
-        case 4: tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 4); break;
-        case 3: tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 3); break;
-        case 2: tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 2); break;
-        case 1: tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 1); break;
-        }
+        if (m->half)
+            panel_input_major(m, r, X, ldx, Y, ldy, n, 1);
+        else
+            panel_input_major(m, r, X, ldx, Y, ldy, n, 0);
     }
     for (; r < r1; r++) /* the last few rows: one lane's order, in scalar */
         for (int64_t t = 0; t < n; t++) {
@@ -147,9 +170,10 @@ static inline float lanes_sum(__m256 v) {
 
 /* Output-major (s_col == 1, cols % 8 == 0): y[t][r] = lanes_sum of eight running sums (lane j
  * takes the columns c = j mod 8, in order), for R rows and T tokens at once. */
-static inline __attribute__((always_inline)) void tile_output_major(const float *w, int64_t s_row, int64_t cols,
+static inline __attribute__((always_inline)) void tile_output_major(const void *w, int64_t s_row, int64_t cols,
                                                                     const float *X, int64_t ldx, float *Y,
-                                                                    int64_t ldy, const int R, const int T) {
+                                                                    int64_t ldy, const int R, const int T,
+                                                                    const int half) {
     __m256 acc[4][3];
 #pragma GCC unroll 4
     for (int i = 0; i < R; i++)
@@ -161,7 +185,7 @@ static inline __attribute__((always_inline)) void tile_output_major(const float 
         for (int t = 0; t < T; t++) x[t] = _mm256_loadu_ps(X + t * ldx + c);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
-            const __m256 wv = _mm256_loadu_ps(w + i * s_row + c);
+            const __m256 wv = load_weights(w, i * s_row + c, half);
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) acc[i][t] = _mm256_fmadd_ps(wv, x[t], acc[i][t]);
         }
@@ -172,20 +196,31 @@ static inline __attribute__((always_inline)) void tile_output_major(const float 
         for (int t = 0; t < T; t++) Y[t * ldy + i] = lanes_sum(acc[i][t]);
 }
 
+static inline __attribute__((always_inline)) void rows_output_major(const Mat *m, const float *X, int64_t ldx,
+                                                                    float *Y, int64_t ldy, int64_t n, int64_t r0,
+                                                                    int64_t r1, const int half) {
+    for (int64_t r = r0; r < r1;) {
+        const int64_t at = r * m->s_row;
+        const void *w = half ? (const void *)(m->half + at) : (const void *)(m->w + at);
+        int64_t t = 0;
+        if (r + 4 <= r1) {
+            for (; t + 3 <= n; t += 3)
+                tile_output_major(w, m->s_row, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 4, 3, half);
+            for (; t < n; t++) tile_output_major(w, m->s_row, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 4, 1, half);
+            r += 4;
+        } else {
+            for (; t < n; t++) tile_output_major(w, m->s_row, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 1, 1, half);
+            r += 1;
+        }
+    }
+}
+
 static void gemm_output_major(const Mat *m, const float *X, int64_t ldx, float *Y, int64_t ldy, int64_t n,
                               int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1;) {
-        const int R = r1 - r >= 4 ? 4 : 1;
-        const float *w = m->w + r * m->s_row;
-        int64_t t = 0;
-        if (R == 4) {
-            for (; t + 3 <= n; t += 3) tile_output_major(w, m->s_row, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 4, 3);
-            for (; t < n; t++) tile_output_major(w, m->s_row, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 4, 1);
-        } else {
-            for (; t < n; t++) tile_output_major(w, m->s_row, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 1, 1);
-        }
-        r += R;
-    }
+    if (m->half)
+        rows_output_major(m, X, ldx, Y, ldy, n, r0, r1, 1);
+    else
+        rows_output_major(m, X, ldx, Y, ldy, n, r0, r1, 0);
 }
 #endif
 
@@ -269,6 +304,7 @@ static void gemm(const Mat *m, const float *X, int64_t ldx, float *Y, int64_t ld
 static Mat expert(const Mat *m, int64_t index, int64_t stride) {
     Mat e = *m;
     e.w += index * stride;
+    if (e.half) e.half += index * stride;
     return e;
 }
 
@@ -312,44 +348,96 @@ static void route(const Model *m, const float *logits, int64_t experts, int64_t 
 
 /* scores[j] = q . keys[j] * scale for j < count, keys [count, dim] in rows. */
 static void scores_of(const float *q, const float *keys, int64_t count, int64_t dim, float scale, float *scores) {
-    int64_t j = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-    if (dim % 8 == 0) { /* eight keys at a time, their eight sums reduced together */
-        const __m256 factor = _mm256_set1_ps(scale);
-        for (; j + 8 <= count; j += 8) {
-            __m256 acc[8];
-            for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
-            for (int64_t d = 0; d < dim; d += 8) {
-                const __m256 qd = _mm256_loadu_ps(q + d);
-                for (int l = 0; l < 8; l++) acc[l] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + (j + l) * dim + d), acc[l]);
-            }
-            const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-            const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-            const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
-            _mm256_storeu_ps(scores + j, _mm256_mul_ps(sums, factor));
-        }
-    }
-#endif
-    for (; j < count; j++) scores[j] = dot(q, keys + j * dim, dim) * scale;
+    for (int64_t j = 0; j < count; j++) scores[j] = dot(q, keys + j * dim, dim) * scale;
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* out = sum_j scores[j] values[j] / total for a head of 8 * V floats, the sum held in registers
- * (a masked row's score is exactly 0 and adds nothing). */
-static inline __attribute__((always_inline)) void weigh_values(const float *scores, const float *values,
-                                                               int64_t count, float total, float *out, const int V) {
+/* glibc's 8-wide AVX2 expf, called by name so that every score goes through the same exp
+ * whatever its place in the row (a compiler's vectorised loop would send the row's tail through
+ * another). Without libmvec, the scalar expf for every lane. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(SPECDEC_NO_MVEC)
+__m256 _ZGVdN8v_expf(__m256);
+static inline __m256 exp8(__m256 v) { return _ZGVdN8v_expf(v); }
+#else
+static inline __m256 exp8(__m256 v) {
+    float lanes[8];
+    _mm256_storeu_ps(lanes, v);
+    for (int l = 0; l < 8; l++) lanes[l] = expf(lanes[l]);
+    return _mm256_loadu_ps(lanes);
+}
+#endif
+
+/* scores[j] = q . keys[j] * scale for j < count (dim % 8 == 0). Eight keys at a time, their sums
+ * reduced together; the row's last keys one by one in the very same order of operations, so a
+ * key's score does not depend on where the row ends. */
+static void scores_exact(const float *q, const float *keys, int64_t count, int64_t dim, float scale, float *scores) {
+    const __m256 factor = _mm256_set1_ps(scale);
+    int64_t j = 0;
+    for (; j + 8 <= count; j += 8) {
+        __m256 acc[8];
+        for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < dim; d += 8) {
+            const __m256 qd = _mm256_loadu_ps(q + d);
+            for (int l = 0; l < 8; l++) acc[l] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + (j + l) * dim + d), acc[l]);
+        }
+        /* hadd pairs lanes: each key's sum is ((0+1)+(2+3)) + ((4+5)+(6+7)) */
+        const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+        const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+        const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+        _mm256_storeu_ps(scores + j, _mm256_mul_ps(sums, factor));
+    }
+    for (; j < count; j++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t d = 0; d < dim; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(keys + j * dim + d), acc);
+        float l[8];
+        _mm256_storeu_ps(l, acc);
+        scores[j] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
+    }
+}
+
+/* out = sum_j p[j] values[j] / sum_j p[j] for a head of 8 * V floats, both sums taken key by key
+ * in order: a masked key's p is exactly 0 and adds nothing, so a tree token's output is the one
+ * decoding its path alone gives, wherever its ancestors sit among the tree's rows. */
+static inline __attribute__((always_inline)) void weigh_values(const float *p, const float *values, int64_t count,
+                                                               float *out, const int V) {
     __m256 acc[16];
+    float total = 0.0f;
 #pragma GCC unroll 16
     for (int v = 0; v < V; v++) acc[v] = _mm256_setzero_ps();
     for (int64_t j = 0; j < count; j++) {
-        const __m256 p = _mm256_broadcast_ss(scores + j);
+        const __m256 pj = _mm256_broadcast_ss(p + j);
         const float *row = values + j * 8 * V;
+        total += p[j];
 #pragma GCC unroll 16
-        for (int v = 0; v < V; v++) acc[v] = _mm256_fmadd_ps(p, _mm256_loadu_ps(row + 8 * v), acc[v]);
+        for (int v = 0; v < V; v++) acc[v] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(row + 8 * v), acc[v]);
     }
     const __m256 scale = _mm256_set1_ps(1.0f / total);
 #pragma GCC unroll 16
     for (int v = 0; v < V; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], scale));
+}
+
+/* attend_head for a head of 8 to 128 (a multiple of 8) with the same numbers for a token however many
+ * others share its step. scores has room for count rounded up to 8. */
+static void attend_head_exact(const float *q, const float *keys, const float *values, int64_t length, int64_t n,
+                              const uint8_t *visible, int64_t dim, float scale, float *scores, float *out) {
+    const int64_t count = length + n, padded = (count + 7) & ~(int64_t)7;
+    scores_exact(q, keys, count, dim, scale, scores);
+    for (int64_t j = length; j < count; j++)
+        if (visible && !visible[j - length]) scores[j] = -INFINITY;
+    for (int64_t j = count; j < padded; j++) scores[j] = -INFINITY;
+    __m256 peaks = _mm256_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < padded; j += 8) peaks = _mm256_max_ps(peaks, _mm256_loadu_ps(scores + j));
+    float lanes[8], peak = -INFINITY; /* a maximum is exact in any order */
+    _mm256_storeu_ps(lanes, peaks);
+    for (int l = 0; l < 8; l++) peak = lanes[l] > peak ? lanes[l] : peak;
+    const __m256 shift = _mm256_set1_ps(peak);
+    for (int64_t j = 0; j < padded; j += 8) _mm256_storeu_ps(scores + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift)));
+    switch (dim / 8) { /* the head's width a compile-time constant, so its sums stay in registers */
+#define WEIGH(V) case V: weigh_values(scores, values, count, out, V); return;
+    WEIGH(1) WEIGH(2) WEIGH(3) WEIGH(4) WEIGH(5) WEIGH(6) WEIGH(7) WEIGH(8)
+    WEIGH(9) WEIGH(10) WEIGH(11) WEIGH(12) WEIGH(13) WEIGH(14) WEIGH(15) WEIGH(16)
+#undef WEIGH
+    }
 }
 #endif
 
@@ -357,6 +445,12 @@ static inline __attribute__((always_inline)) void weigh_values(const float *scor
  * rows after them (visible[j], or all of them when visible is NULL). */
 static void attend_head(const float *q, const float *keys, const float *values, int64_t length, int64_t n,
                         const uint8_t *visible, int64_t dim, float scale, float *scores, float *out) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (dim % 8 == 0 && dim <= 128) {
+        attend_head_exact(q, keys, values, length, n, visible, dim, scale, scores, out);
+        return;
+    }
+#endif
     const int64_t count = length + n;
     float peak = -INFINITY, total = 0.0f;
     scores_of(q, keys, count, dim, scale, scores);
@@ -366,13 +460,6 @@ static void attend_head(const float *q, const float *keys, const float *values, 
     for (int64_t j = 0; j < count; j++) peak = scores[j] > peak ? scores[j] : peak;
 #pragma omp simd reduction(+ : total)
     for (int64_t j = 0; j < count; j++) total += scores[j] = expf(scores[j] - peak);
-#if defined(__AVX2__) && defined(__FMA__)
-    switch (dim) {
-    case 32: weigh_values(scores, values, count, total, out, 4); return;
-    case 64: weigh_values(scores, values, count, total, out, 8); return;
-    case 128: weigh_values(scores, values, count, total, out, 16); return;
-    }
-#endif
     memset(out, 0, (size_t)dim * sizeof(float));
     for (int64_t j = 0; j < count; j++) {
         const float p = scores[j] / total;
@@ -383,7 +470,16 @@ static void attend_head(const float *q, const float *keys, const float *values, 
     }
 }
 
-int64_t specdec_abi_version(void) { return 4; }
+int64_t specdec_abi_version(void) { return 5; }
+
+/* Whether products read a matrix's bf16 copy (the vector build), so the binding makes one. */
+int64_t specdec_reads_bf16(void) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 /* The experts' (or the dense MLP's) share of the layer for n > 1 tokens: each (token, slot)
  * pair's whole SwiGLU on one thread, pairs sorted by expert so that a thread's consecutive
@@ -491,9 +587,9 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
     const int64_t I = m->intermediate; /* the widest layer's */
     const int64_t group = Hq / Hkv, width = (Hq + 2 * Hkv) * D;
     const int64_t k_max = m->top_k > 0 ? m->top_k : 1, pairs = n * k_max;
-    int64_t count = 0, masks = 0; /* the longest row of attention scores; causal mask bytes */
+    int64_t count = 0, masks = 0; /* the longest row of attention scores (rounded up to 8); causal mask bytes */
     for (int64_t s = 0; s < nseq; s++) {
-        if (seqs[s].length + seqs[s].n > count) count = seqs[s].length + seqs[s].n;
+        if (seqs[s].length + seqs[s].n > count) count = (seqs[s].length + seqs[s].n + 7) & ~(int64_t)7;
         if (!seqs[s].mask) masks += seqs[s].n * seqs[s].n;
     }
     const size_t floats = (size_t)(n * (3 * H + width + Hq * D + 2 * D + 256) + pairs * (2 * I + 2 * H) + n * Hq * count);

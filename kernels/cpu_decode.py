@@ -26,7 +26,7 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPI
 # glibc's vector math (libmvec) for the softmax's exponentials; a C library without it builds
 # with scalar expf instead.
 VECTOR_MATH, NO_VECTOR_MATH = ["-lmvec"], ["-DSPECDEC_NO_MVEC"]
-ABI_VERSION = 4
+ABI_VERSION = 5
 MAX_EXPERTS, MAX_TOP_K = 256, 64  # the C step's fixed routing buffers
 
 
@@ -34,15 +34,19 @@ class Mat(ctypes.Structure):
     """A matrix where it lies: y[r] = sum_c w[r * s_row + c * s_col] x[c]."""
 
     _fields_ = [("w", ctypes.c_void_p), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
-                ("s_row", ctypes.c_int64), ("s_col", ctypes.c_int64)]
+                ("s_row", ctypes.c_int64), ("s_col", ctypes.c_int64), ("half", ctypes.c_void_p)]
 
     @classmethod
-    def of(cls, tensor: torch.Tensor) -> "Mat":
-        """A 2-D fp32 view with unit stride along one of its dimensions."""
+    def of(cls, tensor: torch.Tensor, half: torch.Tensor | None = None) -> "Mat":
+        """A 2-D fp32 view with unit stride along one of its dimensions, and optionally the same
+        values in bf16 at the same strides (which the products then read)."""
         if tensor.dim() != 2 or tensor.dtype != torch.float32 or 1 not in tensor.stride():
             raise ValueError(f"not a matrix the native step reads: {tuple(tensor.shape)} {tensor.dtype} "
                              f"strides {tensor.stride()}")
-        return cls(tensor.data_ptr(), *tensor.shape, *tensor.stride())
+        if half is not None and (half.dtype != torch.bfloat16 or half.shape != tensor.shape
+                                 or half.stride() != tensor.stride()):
+            raise ValueError("a bf16 copy must have the matrix's shape and strides")
+        return cls(tensor.data_ptr(), *tensor.shape, *tensor.stride(), None if half is None else half.data_ptr())
 
 
 class Layer(ctypes.Structure):
@@ -132,6 +136,7 @@ def library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(_build(compiler)))
         if lib.specdec_abi_version() != ABI_VERSION:
             raise RuntimeError("stale build of cpu_decode.c")
+        lib.specdec_reads_bf16.restype = ctypes.c_int64
         lib.specdec_forward.restype = ctypes.c_int
         lib.specdec_forward.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.POINTER(Seq), ctypes.c_int64,
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,

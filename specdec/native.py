@@ -7,7 +7,8 @@ whole, reading each weight row once for all the sequences' tokens. Longer forwar
 prefill) stay eager, where each op is large enough to carry its dispatch.
 
 The binding reads the model's weights where they lie, in the layout fuse_for_inference left
-them (input-major or not), so it holds no copy. It covers the families whose layers are plain
+them (input-major or not); where bf16 holds a matrix's values exactly it also keeps a bf16 copy
+at the same strides, which the products read in half the bytes for the same numbers. It covers the families whose layers are plain
 enough: fp32 on the CPU, RMSNorm, grouped-query attention with optional q/k norms and biases,
 plain or scaled RoPE, dense SwiGLU or softmax-top-k SwiGLU experts; `unsupported()` names
 what stops any other model, which then decodes eagerly. Anything that rewrites the weights or
@@ -33,10 +34,13 @@ class NativeStep:
     """Callable: (input_ids, positions, segments, logits_rows) -> logits; writes each segment's
     new keys and values into its cache as pending rows, as the eager forward does."""
 
-    def __init__(self, model: Transformer, lib):
+    def __init__(self, model: Transformer, lib, halves: bool = True):
+        """halves=False: never make bf16 copies (the products then read fp32, same numbers)."""
         cfg, self.lib, self.model = model.config, lib, model
         self.moe_blocks = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, SparseMoeBlock)]
         self.keep = []  # tensors whose addresses the descriptors hold
+        self.reads_bf16 = halves and bool(lib.specdec_reads_bf16())
+        self.half_bytes = 0  # the bf16 copies' size
         layers = (cpu_decode.Layer * cfg.num_layers)(*(self._layer(layer) for layer in model.model.layers))
         self.capture_layers, self.capture = (), torch.zeros(0, dtype=torch.int32)
         inv_freq, factor = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, model.rope_frequencies, "cpu")
@@ -50,7 +54,7 @@ class NativeStep:
             int(bool(cfg.norm_topk_prob)), cfg.rms_norm_eps,
             cfg.head_dim ** -0.5 if cfg.attention_scale is None else cfg.attention_scale, float(factor),
             cpu_decode.pointer(model.model.embed_tokens.weight), cpu_decode.pointer(model.model.norm.weight),
-            cpu_decode.Mat.of(lm_head), inv_freq.data_ptr(), layers, None)
+            self._mat(lm_head), inv_freq.data_ptr(), layers, None)
         self.desc_ref = ctypes.byref(self.desc)
         self.embed_ptr = model.model.embed_tokens.weight.data_ptr()
         self.vocab, self.top_k, self.hidden = cfg.vocab_size, max(cfg.top_k, 1), cfg.hidden_size
@@ -61,9 +65,9 @@ class NativeStep:
         desc = cpu_decode.Layer(
             attn_norm=cpu_decode.pointer(layer.input_layernorm.weight),
             post_norm=cpu_decode.pointer(layer.post_attention_layernorm.weight),
-            qkv=cpu_decode.Mat.of(attn._qkv.weight), qkv_bias=cpu_decode.pointer(qkv_bias),
+            qkv=self._mat(attn._qkv.weight), qkv_bias=cpu_decode.pointer(qkv_bias),
             qk_norm=cpu_decode.pointer(getattr(attn, "_qk_norm_weight", None)),
-            o=cpu_decode.Mat.of(attn.o_proj.weight), o_bias=cpu_decode.pointer(o_bias))
+            o=self._mat(attn.o_proj.weight), o_bias=cpu_decode.pointer(o_bias))
         if isinstance(mlp, SparseMoeBlock):
             gate_up, down = mlp.experts.gate_up_proj.detach(), mlp.experts.down_proj.detach()
             intermediate = down.shape[2]
@@ -71,13 +75,34 @@ class NativeStep:
             self.keep.append(router)
             desc.num_experts, desc.router = gate_up.shape[0], cpu_decode.Mat.of(router)
             desc.router_bias = cpu_decode.pointer(mlp.gate.bias)
-            desc.gate, desc.up = cpu_decode.Mat.of(gate_up[0, :intermediate]), cpu_decode.Mat.of(gate_up[0, intermediate:])
-            desc.down = cpu_decode.Mat.of(down[0])
+            gate_up_half, down_half = self._half_copy(gate_up), self._half_copy(down)
+            desc.gate = self._mat(gate_up[0, :intermediate], _first(gate_up_half, slice(None, intermediate)))
+            desc.up = self._mat(gate_up[0, intermediate:], _first(gate_up_half, slice(intermediate, None)))
+            desc.down = self._mat(down[0], _first(down_half, slice(None)))
             desc.gate_up_expert_stride, desc.down_expert_stride = gate_up.stride(0), down.stride(0)
         else:
-            desc.gate, desc.up = cpu_decode.Mat.of(mlp.gate_proj.weight), cpu_decode.Mat.of(mlp.up_proj.weight)
-            desc.down = cpu_decode.Mat.of(mlp.down_proj.weight)
+            desc.gate, desc.up = self._mat(mlp.gate_proj.weight), self._mat(mlp.up_proj.weight)
+            desc.down = self._mat(mlp.down_proj.weight)
         return desc
+
+    def _mat(self, weight: torch.Tensor, half="copy") -> cpu_decode.Mat:
+        """A matrix's descriptor, with a bf16 copy of it where one holds its values exactly."""
+        weight = weight.detach()
+        return cpu_decode.Mat.of(weight, self._half_copy(weight) if half == "copy" else half)
+
+    def _half_copy(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """The weight in bf16 at the same strides, when bf16 holds every value exactly (a bf16
+        checkpoint loaded in fp32) and the library reads it; else None. The step then reads half
+        the bytes for the very same numbers, so its logits do not change."""
+        if not self.reads_bf16:
+            return None
+        half = torch.empty_strided(weight.shape, weight.stride(), dtype=torch.bfloat16)
+        half.copy_(weight)
+        if not torch.equal(half.float(), weight):
+            return None
+        self.keep.append(half)
+        self.half_bytes += half.untyped_storage().nbytes()
+        return half
 
     def takes(self, input_ids, segments, logits_rows) -> bool:
         """Whether a forward is one it runs: at most MAX_TOKENS new tokens over all its
@@ -130,6 +155,11 @@ class NativeStep:
             seq.keys, seq.values, seq.capacity = cache.keys.data_ptr(), cache.values.data_ptr(), cache.capacity
             seq.length, seq.n, seq.mask = cache.length, segment.length, None if mask is None else mask.data_ptr()
         return seqs, masks
+
+
+def _first(experts: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    """Expert 0's rows of a stacked expert tensor's bf16 copy (None stays None)."""
+    return None if experts is None else experts[0, rows]
 
 
 def unsupported(model: Transformer) -> str | None:

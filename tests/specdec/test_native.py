@@ -215,3 +215,66 @@ def test_one_native_step_over_several_sequences_matches_eager(hf_checkpoints, ar
     for mine, theirs in zip(got_keys + got_values, expected_keys + expected_values, strict=True):
         assert mine.shape == theirs.shape and torch.allclose(mine, theirs, atol=1e-5)
     assert torch.equal(got_load, expected_load)
+
+
+def _decode_path(model, ids, prompt: int, path):
+    """Logits and new cache rows of decoding `path` one token a step after a prefill."""
+    cache = model.new_cache(capacity=prompt + len(path))
+    model(ids[:prompt], torch.arange(prompt), [Segment(cache, prompt)], logits_rows=[prompt - 1])
+    cache.keep_all()
+    steps = []
+    for depth, token in enumerate(path):
+        steps.append(model(token.view(1), torch.tensor([prompt + depth]), [Segment(cache, 1)]))
+        cache.keep_all()
+    return torch.cat(steps), cache
+
+
+@pytest.mark.parametrize("which", ["qwen3_moe", "llama", "shipped"])
+def test_a_tree_node_gets_bit_for_bit_the_logits_of_its_path_decoded_alone(hf_checkpoints, which):
+    """What keeps speculation exactly lossless on the native step: a verify pass over a tree
+    (siblings masked between a node and its ancestors, another user batched alongside) gives
+    each node of a path the very logits and cache rows that decoding the path one token a step
+    gives, not merely close ones."""
+    model = load_model(default_model_dir() / "target" if which == "shipped" else hf_checkpoints[which][0])
+    assert model.native_step is not None
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, min(vocab, 4000), (80,), generator=torch.Generator().manual_seed(5))
+    prompt, path = 61, ids[61:65]
+    expected, expected_cache = _decode_path(model, ids, prompt, path)
+    # nodes: path[0], a sibling, path[1], its sibling, path[2], path[3]
+    parents = [-1, -1, 0, 0, 2, 4]
+    tokens = torch.stack([path[0], ids[70], path[1], ids[71], path[2], path[3]])
+    mask = _tree_mask(parents)
+    on_path = [0, 2, 4, 5]
+    for other_user in (False, True):
+        cache = model.new_cache(capacity=prompt + len(tokens))
+        model(ids[:prompt], torch.arange(prompt), [Segment(cache, prompt)], logits_rows=[prompt - 1])
+        cache.keep_all()
+        segments, step_ids, positions = [Segment(cache, len(tokens), mask)], [tokens], [prompt + mask.sum(1) - 1]
+        if other_user:
+            other = model.new_cache(capacity=40)
+            model(ids[:30], torch.arange(30), [Segment(other, 30)], logits_rows=[29])
+            other.keep_all()
+            segments.append(Segment(other, 3))
+            step_ids.append(ids[30:33])
+            positions.append(torch.arange(30, 33))
+        logits = model(torch.cat(step_ids), torch.cat(positions), segments)
+        assert torch.equal(logits[on_path], expected)
+        for depth, node in enumerate(on_path):
+            assert torch.equal(cache.keys[:, :, :, prompt + node], expected_cache.keys[:, :, :, prompt + depth])
+            assert torch.equal(cache.values[:, :, :, prompt + node], expected_cache.values[:, :, :, prompt + depth])
+
+
+def test_bf16_copies_change_no_logit_and_are_made_only_where_exact(hf_checkpoints):
+    """The shipped (bf16) target's step reads bf16 copies of its matrices and gives the logits
+    the fp32 reads give, bit for bit; a model whose fp32 weights bf16 cannot hold gets none."""
+    model = load_model(default_model_dir() / "target")
+    assert model.native_step.half_bytes > 0
+    ids = torch.randint(0, 4000, (40,), generator=torch.Generator().manual_seed(2))
+    halves, _ = _decode_path(model, ids, 30, ids[30:36])
+    model.native_step = native.NativeStep(model, native.cpu_decode.library(), halves=False)
+    assert model.native_step.half_bytes == 0
+    fp32, _ = _decode_path(model, ids, 30, ids[30:36])
+    assert torch.equal(halves, fp32)
+    tiny = load_model(hf_checkpoints["qwen3_moe"][0])
+    assert tiny.native_step is not None and tiny.native_step.half_bytes == 0
