@@ -666,7 +666,9 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
             const int64_t kv = job / (n * group), t = job / group % n, head = kv * group + job % group;
             const Seq *seq = seqs + seq_of[t];
             const int64_t at = (l * Hkv + kv) * seq->capacity * D;
-            attend_head(qkv + t * width + head * D, seq->keys + at, seq->values + at, seq->length, seq->n,
+            /* a causal token sees no new row after its own: those would only add exact zeros */
+            const int64_t seen = seq->mask ? seq->n : local_of[t] + 1;
+            attend_head(qkv + t * width + head * D, seq->keys + at, seq->values + at, seq->length, seen,
                         mask_of[seq_of[t]] + local_of[t] * seq->n, D, m->attn_scale, scores + job * count,
                         att + (t * Hq + head) * D);
         }
