@@ -8,8 +8,10 @@ prefill) stay eager, where each op is large enough to carry its dispatch.
 
 The binding reads the model's weights where they lie, in the layout fuse_for_inference left
 them (input-major or not); where bf16 holds a matrix's values exactly it also keeps a bf16 copy
-at the same strides, which the products read in half the bytes for the same numbers. It covers the families whose layers are plain
-enough: fp32 on the CPU, RMSNorm, grouped-query attention with optional q/k norms and biases,
+at the same strides, which the products read in half the bytes for the same numbers. A weight
+edited in place after binding (param.copy_, load_state_dict) makes the copies stale: the step
+then declines every forward, which runs eagerly, until `bind(model)` is called again. It
+covers the families whose layers are plain enough: fp32 on the CPU, RMSNorm, grouped-query attention with optional q/k norms and biases,
 plain or scaled RoPE, dense SwiGLU or softmax-top-k SwiGLU experts; `unsupported()` names
 what stops any other model, which then decodes eagerly. Anything that rewrites the weights or
 the forward after loading (int8, expert-parallel shards, the compiled step) drops the binding.
@@ -41,6 +43,8 @@ class NativeStep:
         self.keep = []  # tensors whose addresses the descriptors hold
         self.reads_bf16 = halves and bool(lib.specdec_reads_bf16())
         self.half_bytes = 0  # the bf16 copies' size
+        self.copied = []  # (fp32 weight, its version when copied): an in-place edit makes the copy stale
+        self.stale = False
         layers = (cpu_decode.Layer * cfg.num_layers)(*(self._layer(layer) for layer in model.model.layers))
         self.capture_layers, self.capture = (), torch.zeros(0, dtype=torch.int32)
         inv_freq, factor = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, model.rope_frequencies, "cpu")
@@ -76,19 +80,18 @@ class NativeStep:
             desc.num_experts, desc.router = gate_up.shape[0], cpu_decode.Mat.of(router)
             desc.router_bias = cpu_decode.pointer(mlp.gate.bias)
             gate_up_half, down_half = self._half_copy(gate_up), self._half_copy(down)
-            desc.gate = self._mat(gate_up[0, :intermediate], _first(gate_up_half, slice(None, intermediate)))
-            desc.up = self._mat(gate_up[0, intermediate:], _first(gate_up_half, slice(intermediate, None)))
-            desc.down = self._mat(down[0], _first(down_half, slice(None)))
+            desc.gate = cpu_decode.Mat.of(gate_up[0, :intermediate], _first(gate_up_half, slice(None, intermediate)))
+            desc.up = cpu_decode.Mat.of(gate_up[0, intermediate:], _first(gate_up_half, slice(intermediate, None)))
+            desc.down = cpu_decode.Mat.of(down[0], _first(down_half, slice(None)))
             desc.gate_up_expert_stride, desc.down_expert_stride = gate_up.stride(0), down.stride(0)
         else:
             desc.gate, desc.up = self._mat(mlp.gate_proj.weight), self._mat(mlp.up_proj.weight)
             desc.down = self._mat(mlp.down_proj.weight)
         return desc
 
-    def _mat(self, weight: torch.Tensor, half="copy") -> cpu_decode.Mat:
+    def _mat(self, weight: torch.Tensor) -> cpu_decode.Mat:
         """A matrix's descriptor, with a bf16 copy of it where one holds its values exactly."""
-        weight = weight.detach()
-        return cpu_decode.Mat.of(weight, self._half_copy(weight) if half == "copy" else half)
+        return cpu_decode.Mat.of(weight.detach(), self._half_copy(weight))
 
     def _half_copy(self, weight: torch.Tensor) -> torch.Tensor | None:
         """The weight in bf16 at the same strides, when bf16 holds every value exactly (a bf16
@@ -97,10 +100,11 @@ class NativeStep:
         if not self.reads_bf16:
             return None
         half = torch.empty_strided(weight.shape, weight.stride(), dtype=torch.bfloat16)
-        half.copy_(weight)
+        half.copy_(weight.detach())
         if not torch.equal(half.float(), weight):
             return None
         self.keep.append(half)
+        self.copied.append((weight, weight._version))
         self.half_bytes += half.untyped_storage().nbytes()
         return half
 
@@ -110,6 +114,12 @@ class NativeStep:
         where they were bound (Transformer._apply drops the binding; this catches an assigned
         state dict)."""
         if input_ids.numel() > MAX_TOKENS or (logits_rows is not None and len(logits_rows) == 0):
+            return False
+        if self.stale or any(weight._version != version for weight, version in self.copied):
+            if not self.stale:
+                log.warning("weights edited in place after the native step was bound: decoding eagerly "
+                            "until specdec.native.bind(model) is called again")
+            self.stale = True
             return False
         return self.model.model.embed_tokens.weight.data_ptr() == self.embed_ptr
 

@@ -278,3 +278,21 @@ def test_bf16_copies_change_no_logit_and_are_made_only_where_exact(hf_checkpoint
     assert torch.equal(halves, fp32)
     tiny = load_model(hf_checkpoints["qwen3_moe"][0])
     assert tiny.native_step is not None and tiny.native_step.half_bytes == 0
+
+
+def test_a_weight_edited_in_place_after_binding_sends_steps_eager_until_rebound():
+    """The bf16 copies would be stale: the step declines, the forward runs eagerly on the new
+    weights, and binding again brings the native step back with fresh copies."""
+    model = load_model(default_model_dir() / "target")
+    ids = torch.randint(0, 4000, (24,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        model.model.layers[0].self_attn.o_proj.weight.mul_(0.5)  # still exact in bf16
+    edited, _ = _decode_path(model, ids, 16, ids[16:20])
+    assert model.native_step.stale
+    bound = _eager(model)
+    eager, _ = _decode_path(model, ids, 16, ids[16:20])
+    model.native_step = bound
+    assert torch.equal(edited, eager)
+    assert native.bind(model) and not model.native_step.stale
+    rebound, _ = _decode_path(model, ids, 16, ids[16:20])
+    assert model.native_step.half_bytes > 0 and _rel_err(rebound, eager) < 1e-5
