@@ -270,11 +270,13 @@ class Generation:
 
     def _long_repeats(self, strategy: str) -> list[DraftPath]:
         """On a step the policy decodes plainly, hybrid still offers what followed a long tail
-        match (MATCH_LENGTHS[0] characters) in the document's suggestions or earlier in its own
-        text: a string search costs microseconds, where the trie and the draft cost a good part
-        of a step. It catches a completion that repeats what it or the file already wrote (a run
-        of `str, str, ...` to the token limit), which the measured speeds would leave plain."""
-        return self._history_paths(self.policies[0].acceptance, MATCH_LENGTHS[:1]) if strategy == "hybrid" else []
+        match (MATCH_LENGTHS[:2], 48 or 24 characters) in the document's suggestions or earlier in
+        its own text: a string search costs microseconds, where the trie and the draft cost a
+        good part of a step. It catches a completion that repeats what it or the file already
+        wrote (a run of `str, str, ...` to the token limit), which the measured speeds would
+        leave plain; the tree is still cut to what its priced acceptance pays for. 12-character
+        tails matched too often to pay."""
+        return self._history_paths(self.policies[0].acceptance, MATCH_LENGTHS[:2]) if strategy == "hybrid" else []
 
     def _history_paths(self, acceptance, lengths=None) -> list[DraftPath]:
         """The suggestion history's paths after the text so far (tail lengths: MATCH_LENGTHS)."""
