@@ -22,6 +22,7 @@ import torch  # noqa: F401  (loads the OpenMP runtime the library shares)
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
+HEADERS = [Path(__file__).with_name("cpu_decode_vector.h")]  # included by SOURCE
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
 # glibc's vector math (libmvec) for the softmax's exponentials; a C library without it builds
 # with scalar expf instead.
@@ -102,7 +103,8 @@ def _cpu_flags() -> str:
 
 def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode()).hexdigest()
+    sources = [path.read_text() for path in (SOURCE, *HEADERS)]
+    key = hashlib.sha256("\n".join([*sources, " ".join(FLAGS), version, _cpu_flags()]).encode()).hexdigest()
     target = cache_dir() / f"cpu_decode-{key[:16]}.so"
     if target.exists():
         return target
