@@ -278,7 +278,7 @@ class SparseMoeBlock(nn.Module):
     def file_ids(self, ids) -> None:
         """Keep a forward's expert ids [N, A] for the load statistics (the native step files its
         own)."""
-        self.latest_ids = ids
+        self.__dict__["latest_ids"] = ids  # a plain attribute: nn.Module's setattr costs more than the rest
         self.uncounted_ids.append(ids)
         if len(self.uncounted_ids) >= self.COUNT_EVERY:
             self.count_routed()
@@ -496,6 +496,8 @@ class Transformer(nn.Module):
         latest = [b.latest_ids for b in self.moe_blocks() if b.latest_ids is not None]
         if not latest:
             return 0
+        if latest[0].shape[0] == 1:  # one token (a decode step): its top-k experts are distinct
+            return sum(ids.numel() for ids in latest)
         ids = torch.stack([i.reshape(-1) for i in latest])  # [layers, N*A]: every layer ran the same tokens
         woken = torch.zeros(ids.shape[0], self.config.num_experts, dtype=torch.bool, device=ids.device)
         return int(woken.scatter_(1, ids, True).sum())

@@ -43,7 +43,7 @@ class NativeStep:
         self.keep = []  # tensors whose addresses the descriptors hold
         self.reads_bf16 = halves and bool(lib.specdec_reads_bf16())
         self.half_bytes = 0  # the bf16 copies' size
-        self.copied = []  # (fp32 weight, its version when copied): an in-place edit makes the copy stale
+        self.copied = []  # the fp32 weights copied: an in-place edit (a new version) makes a copy stale
         self.stale = False
         layers = (cpu_decode.Layer * cfg.num_layers)(*(self._layer(layer) for layer in model.model.layers))
         self.capture_layers, self.capture = (), torch.zeros(0, dtype=torch.int32)
@@ -60,7 +60,8 @@ class NativeStep:
             cpu_decode.pointer(model.model.embed_tokens.weight), cpu_decode.pointer(model.model.norm.weight),
             self._mat(lm_head), inv_freq.data_ptr(), layers, None)
         self.desc_ref = ctypes.byref(self.desc)
-        self.embed_ptr = model.model.embed_tokens.weight.data_ptr()
+        self.embed, self.embed_ptr = model.model.embed_tokens, model.model.embed_tokens.weight.data_ptr()
+        self.copied_versions = [weight._version for weight in self.copied]
         self.vocab, self.top_k, self.hidden = cfg.vocab_size, max(cfg.top_k, 1), cfg.hidden_size
 
     def _layer(self, layer) -> cpu_decode.Layer:
@@ -104,7 +105,7 @@ class NativeStep:
         if not torch.equal(half.float(), weight):
             return None
         self.keep.append(half)
-        self.copied.append((weight, weight._version))
+        self.copied.append(weight)
         self.half_bytes += half.untyped_storage().nbytes()
         return half
 
@@ -115,13 +116,13 @@ class NativeStep:
         state dict)."""
         if input_ids.numel() > MAX_TOKENS or (logits_rows is not None and len(logits_rows) == 0):
             return False
-        if self.stale or any(weight._version != version for weight, version in self.copied):
+        if self.stale or [weight._version for weight in self.copied] != self.copied_versions:
             if not self.stale:
                 log.warning("weights edited in place after the native step was bound: decoding eagerly "
                             "until specdec.native.bind(model) is called again")
             self.stale = True
             return False
-        return self.model.model.embed_tokens.weight.data_ptr() == self.embed_ptr
+        return self.embed.weight.data_ptr() == self.embed_ptr
 
     def __call__(self, input_ids, positions, segments, logits_rows=None) -> torch.Tensor | None:
         """As Transformer.forward: input_ids, positions [n] (the segments' tokens, in segment
@@ -147,7 +148,7 @@ class NativeStep:
             return None
         for block, block_ids in zip(self.moe_blocks, ids, strict=True):
             block.file_ids(block_ids)
-        self.model.captured = captured
+        self.model.__dict__["captured"] = captured  # a plain attribute: skips nn.Module's slower setattr
         return logits
 
     @staticmethod
