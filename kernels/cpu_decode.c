@@ -211,9 +211,14 @@ static void route(const Model *m, const float *logits, int64_t experts, int64_t 
 
 /* scores[j] = q . keys[j] * scale for j < count, keys [count, dim] in rows. */
 static void scores_of(const float *q, const float *keys, int64_t count, int64_t dim, float scale, float *scores) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (dim % 8 == 0) { /* a head wider than attend_head_exact takes (256) still scores 8 keys at a time */
+        scores_exact(q, keys, count, dim, scale, scores);
+        return;
+    }
+#endif
     for (int64_t j = 0; j < count; j++) scores[j] = dot(q, keys + j * dim, dim) * scale;
 }
-
 
 /* One query head over the cache's committed rows [0, length) and the visible ones of the n new
  * rows after them (visible[j], or all of them when visible is NULL). */
@@ -436,7 +441,9 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
             }
         }
 #pragma omp for schedule(static)
-        for (int64_t job = 0; job < n * Hq; job++) { /* by kv head, so its cache stays in this core's cache */
+        /* kv head by kv head: each thread takes whole heads across all the tokens, which keeps the
+         * threads even when a causal chunk's later rows attend over more keys */
+        for (int64_t job = 0; job < n * Hq; job++) {
             const int64_t kv = job / (n * group), t = job / group % n, head = kv * group + job % group;
             const Seq *seq = seqs + seq_of[t];
             const int64_t at = (l * Hkv + kv) * seq->capacity * D;
