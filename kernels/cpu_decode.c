@@ -85,6 +85,24 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return acc;
 }
 
+/* Attention goes in passes over one kv head's keys and values, each taking the group's heads of
+ * as many consecutive tokens (up to PASS_TOKENS) as keep the pass's rows of scores within about
+ * half of L2: the keys and values then stream through once a pass, not once a row. A row of
+ * scores has room for its keys rounded up to KEY_CHUNK (the chunks the keys are scored in). */
+#define PASS_SCORES (64 * 1024)
+#define PASS_TOKENS 32
+#define KEY_CHUNK 64
+
+/* One query row of a pass: its own row of scores, visible new keys and length. */
+typedef struct {
+    const float *q;
+    const uint8_t *visible; /* which of the new keys [length, count) it sees; NULL: all */
+    int64_t count;          /* keys it attends over: the committed ones and the new ones up to its own */
+    float *scores;          /* room for count rounded up to KEY_CHUNK */
+    float *out;             /* the running sum of weighted values, then the output */
+    float total;            /* the running sum of the weights */
+} AttendRow;
+
 #include "cpu_decode_vector.h" /* the AVX2 products and attention, summed in a fixed order */
 
 /* The rows [r0, r1) of Y = X W^T (+ bias) for n input rows X [n, ldx] into Y [n, ldy]; each
@@ -224,12 +242,6 @@ static void scores_of(const float *q, const float *keys, int64_t count, int64_t 
  * rows after them (visible[j], or all of them when visible is NULL). */
 static void attend_head(const float *q, const float *keys, const float *values, int64_t length, int64_t n,
                         const uint8_t *visible, int64_t dim, float scale, float *scores, float *out) {
-#if defined(__AVX2__) && defined(__FMA__)
-    if (dim % 8 == 0 && dim <= 128) {
-        attend_head_exact(q, keys, values, length, n, visible, dim, scale, scores, out);
-        return;
-    }
-#endif
     const int64_t count = length + n;
     float peak = -INFINITY, total = 0.0f;
     scores_of(q, keys, count, dim, scale, scores);
@@ -247,6 +259,21 @@ static void attend_head(const float *q, const float *keys, const float *values, 
 #pragma omp simd
         for (int64_t d = 0; d < dim; d++) out[d] += p * v[d];
     }
+}
+
+/* Query rows sharing one kv head of one sequence (a pass's rows: the group's heads of a few
+ * consecutive tokens), each over its own count of keys. */
+static void attend_rows(AttendRow *rows, int R, const float *keys, const float *values, int64_t length, int64_t dim,
+                        float scale) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (dim % 8 == 0 && dim <= 128) {
+        attend_rows_exact(rows, R, keys, values, length, dim, scale);
+        return;
+    }
+#endif
+    for (int r = 0; r < R; r++)
+        attend_head(rows[r].q, keys, values, length, rows[r].count - length, rows[r].visible, dim, scale,
+                    rows[r].scores, rows[r].out);
 }
 
 int64_t specdec_abi_version(void) { return 5; }
@@ -366,14 +393,18 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
     const int64_t I = m->intermediate; /* the widest layer's */
     const int64_t group = Hq / Hkv, width = (Hq + 2 * Hkv) * D;
     const int64_t k_max = m->top_k > 0 ? m->top_k : 1, pairs = n * k_max;
-    int64_t count = 0, masks = 0; /* the longest row of attention scores (rounded up to 8); causal mask bytes */
+    int64_t count = 0, masks = 0; /* the longest row of attention scores (rounded up to KEY_CHUNK); causal mask bytes */
     for (int64_t s = 0; s < nseq; s++) {
-        if (seqs[s].length + seqs[s].n > count) count = (seqs[s].length + seqs[s].n + 7) & ~(int64_t)7;
+        if (seqs[s].length + seqs[s].n > count) count = (seqs[s].length + seqs[s].n + KEY_CHUNK - 1) / KEY_CHUNK * KEY_CHUNK;
         if (!seqs[s].mask) masks += seqs[s].n * seqs[s].n;
     }
-    const size_t floats = (size_t)(n * (3 * H + width + Hq * D + 2 * D + 256) + pairs * (2 * I + 2 * H) + n * Hq * count);
+    /* a pass of attention: the group's heads of `span` consecutive tokens of one sequence */
+    const int64_t fit = PASS_SCORES / (count > 0 ? count : 1) / group;
+    const int64_t span = fit < 1 ? 1 : fit > PASS_TOKENS ? PASS_TOKENS : fit, pass_rows = span * group;
+    const size_t floats = (size_t)(n * (3 * H + width + Hq * D + 2 * D + 256) + pairs * (2 * I + 2 * H) +
+                                   (int64_t)threads * pass_rows * count);
     float *scratch = malloc(floats * sizeof(float));
-    int64_t *indices = malloc((size_t)(3 * pairs + 2 * n) * sizeof(int64_t));
+    int64_t *indices = malloc((size_t)(3 * pairs + 3 * n + 1) * sizeof(int64_t));
     float *weights = malloc((size_t)pairs * sizeof(float));
     uint8_t *causal = malloc((size_t)(masks + 1));
     const uint8_t **mask_of = malloc((size_t)(nseq + 1) * sizeof(uint8_t *));
@@ -382,10 +413,14 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
         return -1;
     }
     int64_t *seq_of = indices + 3 * pairs, *local_of = seq_of + n; /* each token's sequence and index in it */
+    int64_t *pass_start = local_of + n, passes = 0; /* the first token of each attention pass, then n */
     uint8_t *next_mask = causal;
     for (int64_t s = 0, t = 0; s < nseq; s++) {
         const int64_t ns = seqs[s].n;
-        for (int64_t j = 0; j < ns; j++, t++) seq_of[t] = s, local_of[t] = j;
+        for (int64_t j = 0; j < ns; j++, t++) {
+            seq_of[t] = s, local_of[t] = j;
+            if (j % span == 0) pass_start[passes++] = t;
+        }
         if (seqs[s].mask) {
             mask_of[s] = seqs[s].mask;
             continue;
@@ -397,7 +432,8 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
     float *x = scratch, *normed = x + n * H, *h = normed + n * H, *qkv = h + n * H, *att = qkv + n * width;
     float *cos_ = att + n * Hq * D, *sin_ = cos_ + n * D, *router_logits = sin_ + n * D;
     float *act = router_logits + n * 256, *expert_out = act + pairs * 2 * I, *gathered = expert_out + pairs * H;
-    float *scores = gathered + pairs * H;
+    float *scores = gathered + pairs * H; /* [threads][pass_rows][count] */
+    pass_start[passes] = n;
     int64_t *ids = indices, *order = indices + pairs, *position_of = order + pairs;
     const int64_t captures = capture_out ? m->capture_count : 0;
 
@@ -440,18 +476,29 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
                 }
             }
         }
-#pragma omp for schedule(static)
         /* kv head by kv head: each thread takes whole heads across all the tokens, which keeps the
-         * threads even when a causal chunk's later rows attend over more keys */
-        for (int64_t job = 0; job < n * Hq; job++) {
-            const int64_t kv = job / (n * group), t = job / group % n, head = kv * group + job % group;
-            const Seq *seq = seqs + seq_of[t];
+         * threads even when a causal chunk's later rows attend over more keys; a pass splits its
+         * rows into parts when there are fewer passes than threads (a decode step of a model
+         * with one kv head) */
+        const int64_t jobs = Hkv * passes, wanted = (omp_get_num_threads() + jobs - 1) / jobs;
+        const int64_t parts = wanted < group ? wanted : group;
+#pragma omp for schedule(static)
+        for (int64_t job = 0; job < jobs * parts; job++) {
+            const int64_t kv = job / (passes * parts), pass = job / parts % passes, part = job % parts;
+            const int64_t first = pass_start[pass], end = pass_start[pass + 1];
+            const Seq *seq = seqs + seq_of[first];
+            float *row_scores = scores + (int64_t)omp_get_thread_num() * pass_rows * count;
+            AttendRow rows[pass_rows];
+            int R = 0;
+            for (int64_t t = first; t < end; t++) {
+                /* a causal token sees no new row after its own: those would only add exact zeros */
+                const int64_t seen = seq->mask ? seq->n : local_of[t] + 1;
+                for (int64_t head = kv * group + part; head < (kv + 1) * group; head += parts, R++)
+                    rows[R] = (AttendRow){qkv + t * width + head * D, mask_of[seq_of[t]] + local_of[t] * seq->n,
+                                          seq->length + seen, row_scores + R * count, att + (t * Hq + head) * D, 0.0f};
+            }
             const int64_t at = (l * Hkv + kv) * seq->capacity * D;
-            /* a causal token sees no new row after its own: those would only add exact zeros */
-            const int64_t seen = seq->mask ? seq->n : local_of[t] + 1;
-            attend_head(qkv + t * width + head * D, seq->keys + at, seq->values + at, seq->length, seen,
-                        mask_of[seq_of[t]] + local_of[t] * seq->n, D, m->attn_scale, scores + job * count,
-                        att + (t * Hq + head) * D);
+            attend_rows(rows, R, seq->keys + at, seq->values + at, seq->length, D, m->attn_scale);
         }
         gemm(&layer->o, att, Hq * D, h, H, n, layer->o_bias);
 #pragma omp barrier

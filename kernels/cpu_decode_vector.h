@@ -143,78 +143,70 @@ static void gemm_output_major(const Mat *m, const float *X, int64_t ldx, float *
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* glibc's 8-wide AVX2 expf, called by name so that every score goes through the same exp
- * whatever its place in the row (a compiler's vectorised loop would send the row's tail through
- * another). Without libmvec, the scalar expf for every lane. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(SPECDEC_NO_MVEC)
-__m256 _ZGVdN8v_expf(__m256);
-static inline __m256 exp8(__m256 v) { return _ZGVdN8v_expf(v); }
-#else
-static inline __m256 exp8(__m256 v) {
-    float lanes[8];
-    _mm256_storeu_ps(lanes, v);
-    for (int l = 0; l < 8; l++) lanes[l] = expf(lanes[l]);
-    return _mm256_loadu_ps(lanes);
+/* exp of eight softmax exponents (x <= 0), inline: every score of every row goes through this one
+ * function, so a key's weight does not depend on its place in the row, and -inf (a masked key)
+ * gives exactly 0. Cody-Waite reduction to r in [-ln2/2, ln2/2] and Cephes' degree-6
+ * polynomial, about 1 ulp; x below -87.3 (where 2^n would leave the normal range) gives 0. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 floor = _mm256_set1_ps(-87.3f);
+    const __m256 kept = _mm256_cmp_ps(x, floor, _CMP_GE_OQ); /* false for -inf and NaN */
+    x = _mm256_max_ps(x, floor);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(scale)), kept);
 }
-#endif
 
-/* scores[j] = q . keys[j] * scale for j < count (dim % 8 == 0). Eight keys at a time, their sums
- * reduced together; the row's last keys one by one in the very same order of operations, so a
- * key's score does not depend on where the row ends. */
+/* Eight keys' scores for one query, their sums reduced together: keys [8, dim] in rows. */
+static inline __attribute__((always_inline)) void score_block(const float *q, const float *keys, int64_t dim,
+                                                              __m256 factor, float *scores) {
+    __m256 acc[8];
+    for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) {
+        const __m256 qd = _mm256_loadu_ps(q + d);
+        for (int l = 0; l < 8; l++) acc[l] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + l * dim + d), acc[l]);
+    }
+    /* hadd pairs lanes: each key's sum is ((0+1)+(2+3)) + ((4+5)+(6+7)) */
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+    const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+    _mm256_storeu_ps(scores, _mm256_mul_ps(sums, factor));
+}
+
+/* One key's score in the very order of operations score_block gives it. */
+static inline float score_one(const float *q, const float *key, int64_t dim, float scale) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(key + d), acc);
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    return (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
+}
+
+/* scores[j] = q . keys[j] * scale for j < count (dim % 8 == 0): the row's body eight keys at a
+ * time, its last keys one by one in the same order, so a key's score does not depend on where
+ * the row ends. */
 static void scores_exact(const float *q, const float *keys, int64_t count, int64_t dim, float scale, float *scores) {
     const __m256 factor = _mm256_set1_ps(scale);
     int64_t j = 0;
-    for (; j + 8 <= count; j += 8) {
-        __m256 acc[8];
-        for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < dim; d += 8) {
-            const __m256 qd = _mm256_loadu_ps(q + d);
-            for (int l = 0; l < 8; l++) acc[l] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + (j + l) * dim + d), acc[l]);
-        }
-        /* hadd pairs lanes: each key's sum is ((0+1)+(2+3)) + ((4+5)+(6+7)) */
-        const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-        const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-        const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
-        _mm256_storeu_ps(scores + j, _mm256_mul_ps(sums, factor));
-    }
-    for (; j < count; j++) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t d = 0; d < dim; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(keys + j * dim + d), acc);
-        float l[8];
-        _mm256_storeu_ps(l, acc);
-        scores[j] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
-    }
+    for (; j + 8 <= count; j += 8) score_block(q, keys + j * dim, dim, factor, scores + j);
+    for (; j < count; j++) scores[j] = score_one(q, keys + j * dim, dim, scale);
 }
 
-/* out = sum_j p[j] values[j] / sum_j p[j] for a head of 8 * V floats, both sums taken key by key
- * in order: a masked key's p is exactly 0 and adds nothing, so a tree token's output is the one
- * decoding its path alone gives, wherever its ancestors sit among the tree's rows. */
-static inline __attribute__((always_inline)) void weigh_values(const float *p, const float *values, int64_t count,
-                                                               float *out, const int V) {
-    __m256 acc[16];
-    float total = 0.0f;
-#pragma GCC unroll 16
-    for (int v = 0; v < V; v++) acc[v] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < count; j++) {
-        const __m256 pj = _mm256_broadcast_ss(p + j);
-        const float *row = values + j * 8 * V;
-        total += p[j];
-#pragma GCC unroll 16
-        for (int v = 0; v < V; v++) acc[v] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(row + 8 * v), acc[v]);
-    }
-    const __m256 scale = _mm256_set1_ps(1.0f / total);
-#pragma GCC unroll 16
-    for (int v = 0; v < V; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], scale));
-}
-
-/* attend_head for a head of 8 to 128 (a multiple of 8) with the same numbers for a token however many
- * others share its step. scores has room for count rounded up to 8. */
-static void attend_head_exact(const float *q, const float *keys, const float *values, int64_t length, int64_t n,
-                              const uint8_t *visible, int64_t dim, float scale, float *scores, float *out) {
-    const int64_t count = length + n, padded = (count + 7) & ~(int64_t)7;
-    scores_exact(q, keys, count, dim, scale, scores);
+/* A row's scores into exp(score - peak), masked and padded keys exactly 0. */
+static void softmax_numerators(AttendRow *row, int64_t length) {
+    float *scores = row->scores;
+    const int64_t count = row->count, padded = (count + 7) & ~(int64_t)7;
     for (int64_t j = length; j < count; j++)
-        if (visible && !visible[j - length]) scores[j] = -INFINITY;
+        if (row->visible && !row->visible[j - length]) scores[j] = -INFINITY;
     for (int64_t j = count; j < padded; j++) scores[j] = -INFINITY;
     __m256 peaks = _mm256_set1_ps(-INFINITY);
     for (int64_t j = 0; j < padded; j += 8) peaks = _mm256_max_ps(peaks, _mm256_loadu_ps(scores + j));
@@ -223,8 +215,179 @@ static void attend_head_exact(const float *q, const float *keys, const float *va
     for (int l = 0; l < 8; l++) peak = lanes[l] > peak ? lanes[l] : peak;
     const __m256 shift = _mm256_set1_ps(peak);
     for (int64_t j = 0; j < padded; j += 8) _mm256_storeu_ps(scores + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift)));
+}
+
+/* Keys [from, to) into B rows' running sums of p[j] values[j] (acc [B][V] vectors, total [B]),
+ * key by key in order for each row. The rows' chains are independent, so B of them hide each
+ * other's FMA latency, and each value row is loaded once for all of them. */
+static inline __attribute__((always_inline)) void weigh_span(float *const *p, const float *values, int64_t from,
+                                                             int64_t to, __m256 *acc, float *total, const int B,
+                                                             const int V) {
+    for (int64_t j = from; j < to; j++) {
+        const float *row = values + j * 8 * V;
+#pragma GCC unroll 4
+        for (int b = 0; b < B; b++) {
+            const __m256 pj = _mm256_broadcast_ss(p[b] + j);
+            total[b] += p[b][j];
+#pragma GCC unroll 16
+            for (int v = 0; v < V; v++) acc[b * V + v] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(row + 8 * v), acc[b * V + v]);
+        }
+    }
+}
+
+/* Keys [from, to) of B rows, as far as each row goes: their common keys together, then each
+ * row's last ones alone. The running sums live in each row's out and total between calls
+ * (stored and loaded exactly), so a row's sums still run key by key in order. */
+static inline __attribute__((always_inline)) void weigh_rows(AttendRow *rows, const float *values, int64_t from,
+                                                             int64_t to, const int B, const int V) {
+    __m256 acc[16];
+    float total[4], *p[4];
+    int64_t common = to;
+#pragma GCC unroll 4
+    for (int b = 0; b < B; b++) {
+        total[b] = rows[b].total, p[b] = rows[b].scores;
+        common = rows[b].count < common ? rows[b].count : common;
+#pragma GCC unroll 16
+        for (int v = 0; v < V; v++) acc[b * V + v] = _mm256_loadu_ps(rows[b].out + 8 * v);
+    }
+    weigh_span(p, values, from, common, acc, total, B, V);
+#pragma GCC unroll 4
+    for (int b = 0; b < B; b++) {
+        const int64_t end = rows[b].count < to ? rows[b].count : to;
+        weigh_span(p + b, values, common > from ? common : from, end, acc + b * V, total + b, 1, V);
+        rows[b].total = total[b];
+#pragma GCC unroll 16
+        for (int v = 0; v < V; v++) _mm256_storeu_ps(rows[b].out + 8 * v, acc[b * V + v]);
+    }
+}
+
+/* out = sum_j p[j] values[j] / sum_j p[j] for R rows of a head of 8 * V floats, both sums taken
+ * key by key in order: a masked key's exact 0 adds nothing, and a row's output does not depend
+ * on the rows beside it. The keys go in chunks that stay in L1 while every row takes them, rows
+ * B at a time (as many as 12 accumulators hold), then two or one. */
+#define VALUE_CHUNK 64
+#define WEIGH_ALL(V, B)                                                                             \
+    static void weigh_all_##V(AttendRow *rows, int R, const float *values, int64_t longest) {      \
+        for (int64_t from = 0; from < longest; from += VALUE_CHUNK) {                               \
+            const int64_t to = from + VALUE_CHUNK;                                                  \
+            int i = 0;                                                                              \
+            for (; i + (B) <= R; i += (B)) weigh_rows(rows + i, values, from, to, (B), (V));        \
+            if ((B) > 2 && i + 2 <= R) weigh_rows(rows + i, values, from, to, 2, (V)), i += 2;      \
+            for (; i < R; i++) weigh_rows(rows + i, values, from, to, 1, (V));                      \
+        }                                                                                           \
+        for (int r = 0; r < R; r++) {                                                               \
+            const __m256 scale = _mm256_set1_ps(1.0f / rows[r].total);                              \
+            for (int v = 0; v < (V); v++)                                                           \
+                _mm256_storeu_ps(rows[r].out + 8 * v, _mm256_mul_ps(_mm256_loadu_ps(rows[r].out + 8 * v), scale)); \
+        }                                                                                           \
+    }
+WEIGH_ALL(1, 4) WEIGH_ALL(2, 4) WEIGH_ALL(3, 4) WEIGH_ALL(4, 3) WEIGH_ALL(5, 2) WEIGH_ALL(6, 2)
+WEIGH_ALL(7, 1) WEIGH_ALL(8, 1) WEIGH_ALL(9, 1) WEIGH_ALL(10, 1) WEIGH_ALL(11, 1) WEIGH_ALL(12, 1)
+WEIGH_ALL(13, 1) WEIGH_ALL(14, 1) WEIGH_ALL(15, 1) WEIGH_ALL(16, 1)
+#undef WEIGH_ALL
+
+/* Keys for the scores of a long pass: a chunk of KEY_CHUNK keys transposed once, so that every
+ * row then scores eight keys with eight lanes. The sums keep score_block's order exactly (per
+ * key, eight partial sums over the dimensions d = i mod 8, then ((0+1)+(2+3))+((4+5)+(6+7))), so
+ * a row scored here and a row scored by scores_exact get the very same numbers. */
+#define TRANSPOSE_ROWS 8 /* rows in a pass from which the keys are transposed */
+
+/* kt[(b * dim + d) * 8 + l] = keys[(8 b + l) * dim + d] for the chunk's keys, zeros past `valid`. */
+static void transpose_chunk(const float *keys, int64_t valid, int64_t dim, float *kt) {
+    for (int64_t b = 0; b < KEY_CHUNK / 8; b++)
+        for (int64_t d = 0; d < dim; d += 8) {
+            __m256 r[8];
+            for (int64_t l = 0; l < 8; l++)
+                r[l] = 8 * b + l < valid ? _mm256_loadu_ps(keys + (8 * b + l) * dim + d) : _mm256_setzero_ps();
+            const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+            const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+            const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+            float *out = kt + (b * dim + d) * 8;
+            _mm256_storeu_ps(out + 0, _mm256_permute2f128_ps(s0, s4, 0x20));
+            _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(s1, s5, 0x20));
+            _mm256_storeu_ps(out + 16, _mm256_permute2f128_ps(s2, s6, 0x20));
+            _mm256_storeu_ps(out + 24, _mm256_permute2f128_ps(s3, s7, 0x20));
+            _mm256_storeu_ps(out + 32, _mm256_permute2f128_ps(s0, s4, 0x31));
+            _mm256_storeu_ps(out + 40, _mm256_permute2f128_ps(s1, s5, 0x31));
+            _mm256_storeu_ps(out + 48, _mm256_permute2f128_ps(s2, s6, 0x31));
+            _mm256_storeu_ps(out + 56, _mm256_permute2f128_ps(s3, s7, 0x31));
+        }
+}
+
+/* Partial sums i of NB blocks of eight keys: sum over d = i, i + 8, ... of q[d] kt[d], in order
+ * (the first product alone, as an FMA onto zero rounds it). */
+static inline __attribute__((always_inline)) void partial_sums(const float *q, const float *const *blocks, int64_t dim,
+                                                               int i, __m256 *out, const int NB) {
+    const __m256 first = _mm256_broadcast_ss(q + i);
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; b++) out[b] = _mm256_mul_ps(first, _mm256_loadu_ps(blocks[b] + i * 8));
+    for (int64_t d = i + 8; d < dim; d += 8) {
+        const __m256 qd = _mm256_broadcast_ss(q + d);
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) out[b] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(blocks[b] + d * 8), out[b]);
+    }
+}
+
+/* The chunk's scores (from `at`) of one row, NB blocks of eight keys side by side: the low
+ * half of the tree, (0+1)+(2+3), parked in the row's scores while the high half is summed. */
+static inline __attribute__((always_inline)) void score_row(const AttendRow *row, int64_t at, const float *kt,
+                                                            int64_t dim, __m256 factor, const int NB) {
+    for (int64_t b0 = 0; b0 < KEY_CHUNK / 8; b0 += NB) {
+        const float *blocks[4];
+        __m256 a[4], t[4], u[4];
+        float *out = row->scores + at + b0 * 8;
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) blocks[b] = kt + (b0 + b) * dim * 8;
+        for (int half = 0; half < 2; half++) {
+            partial_sums(row->q, blocks, dim, 4 * half, a, NB);
+            partial_sums(row->q, blocks, dim, 4 * half + 1, t, NB);
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; b++) a[b] = _mm256_add_ps(a[b], t[b]);
+            partial_sums(row->q, blocks, dim, 4 * half + 2, t, NB);
+            partial_sums(row->q, blocks, dim, 4 * half + 3, u, NB);
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; b++) {
+                a[b] = _mm256_add_ps(a[b], _mm256_add_ps(t[b], u[b]));
+                if (half == 0)
+                    _mm256_storeu_ps(out + b * 8, a[b]);
+                else
+                    _mm256_storeu_ps(out + b * 8, _mm256_mul_ps(_mm256_add_ps(_mm256_loadu_ps(out + b * 8), a[b]), factor));
+            }
+        }
+    }
+}
+
+/* R query rows over one kv head's keys and values (heads of 8 to 128, a multiple of 8), with
+ * the same numbers for each row however many others share its pass or its step. Keys stream
+ * once a pass, chunk by chunk, each chunk transposed once for all the rows; row scores have
+ * room for count rounded up to KEY_CHUNK. */
+static void attend_rows_exact(AttendRow *rows, int R, const float *keys, const float *values, int64_t length,
+                              int64_t dim, float scale) {
+    const __m256 factor = _mm256_set1_ps(scale);
+    int64_t longest = 0;
+    for (int r = 0; r < R; r++) {
+        longest = rows[r].count > longest ? rows[r].count : longest;
+        rows[r].total = 0.0f;
+        memset(rows[r].out, 0, (size_t)dim * sizeof(float));
+    }
+    if (R < TRANSPOSE_ROWS) { /* too few rows to pay for transposing the keys */
+        for (int r = 0; r < R; r++) scores_exact(rows[r].q, keys, rows[r].count, dim, scale, rows[r].scores);
+    } else {
+        float kt[KEY_CHUNK * 128] __attribute__((aligned(32)));
+        for (int64_t at = 0; at < longest; at += KEY_CHUNK) {
+            transpose_chunk(keys + at * dim, longest - at < KEY_CHUNK ? longest - at : KEY_CHUNK, dim, kt);
+            for (int r = 0; r < R; r++)
+                if (rows[r].count > at) score_row(rows + r, at, kt, dim, factor, 4);
+        }
+    }
+    for (int r = 0; r < R; r++) softmax_numerators(rows + r, length);
     switch (dim / 8) { /* the head's width a compile-time constant, so its sums stay in registers */
-#define WEIGH(V) case V: weigh_values(scores, values, count, out, V); return;
+#define WEIGH(V) case V: weigh_all_##V(rows, R, values, longest); return;
     WEIGH(1) WEIGH(2) WEIGH(3) WEIGH(4) WEIGH(5) WEIGH(6) WEIGH(7) WEIGH(8)
     WEIGH(9) WEIGH(10) WEIGH(11) WEIGH(12) WEIGH(13) WEIGH(14) WEIGH(15) WEIGH(16)
 #undef WEIGH
