@@ -11,8 +11,8 @@
  * softmax-top-k mixture of SwiGLU experts; then the final norm and the logits.
  *
  * Threads: one OpenMP parallel region per step. Matrix products split their output rows over
- * the threads (each weight row read once for all the tokens); attention splits its (token,
- * head) pairs; several tokens' experts run expert by expert over their gathered tokens; the
+ * the threads (each weight row read once for all the tokens); attention splits its passes
+ * (the group's heads of a few tokens, over one kv head); several tokens' experts run expert by expert over their gathered tokens; the
  * small serial pieces (norms, RoPE, routing) run on one thread between barriers. The library links the OpenMP runtime that the
  * process already has (PyTorch's), so it shares torch's threads and thread count.
  *
@@ -230,7 +230,7 @@ static void route(const Model *m, const float *logits, int64_t experts, int64_t 
 /* scores[j] = q . keys[j] * scale for j < count, keys [count, dim] in rows. */
 static void scores_of(const float *q, const float *keys, int64_t count, int64_t dim, float scale, float *scores) {
 #if defined(__AVX2__) && defined(__FMA__)
-    if (dim % 8 == 0) { /* a head wider than attend_head_exact takes (256) still scores 8 keys at a time */
+    if (dim % 8 == 0) { /* a head wider than attend_rows_exact takes (256) still scores 8 keys at a time */
         scores_exact(q, keys, count, dim, scale, scores);
         return;
     }

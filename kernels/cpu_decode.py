@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 HEADERS = [Path(__file__).with_name("cpu_decode_vector.h")]  # included by SOURCE
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
-# glibc's vector math (libmvec) for the softmax's exponentials; a C library without it builds
-# with scalar expf instead.
+# glibc's vector math (libmvec) for the exponentials of the portable attention loop (the AVX2
+# passes use their own inline exp); a C library without it builds with scalar expf instead.
 VECTOR_MATH, NO_VECTOR_MATH = ["-lmvec"], ["-DSPECDEC_NO_MVEC"]
 ABI_VERSION = 5
 MAX_EXPERTS, MAX_TOP_K = 256, 64  # the C step's fixed routing buffers

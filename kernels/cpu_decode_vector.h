@@ -1,5 +1,5 @@
 /* The AVX2 + FMA kernels of cpu_decode.c (included there, after Mat): the matrix products in
- * register tiles, reading fp32 weights or their exact bf16 copies, and one attention head. Every
+ * register tiles, reading fp32 weights or their exact bf16 copies, and attention in passes of rows over one kv head. Every
  * sum runs in an order fixed per token, so a token's numbers do not depend on what else shares
  * its step (see cpu_decode.c). Built without AVX2 and FMA, cpu_decode.c keeps its portable loops.
  */
@@ -219,7 +219,7 @@ static void softmax_numerators(AttendRow *row, int64_t length) {
 
 /* Keys [from, to) into B rows' running sums of p[j] values[j] (acc [B][V] vectors, total [B]),
  * key by key in order for each row. The rows' chains are independent, so B of them hide each
- * other's FMA latency, and each value row is loaded once for all of them. */
+ * other's FMA latency, and each value row is read while it is hot for all of them. */
 static inline __attribute__((always_inline)) void weigh_span(float *const *p, const float *values, int64_t from,
                                                              int64_t to, __m256 *acc, float *total, const int B,
                                                              const int V) {
