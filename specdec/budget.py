@@ -39,7 +39,8 @@ class VerifyCost:
     def __init__(self, sizes, millis):
         self.sizes, self.measured = list(sizes), list(millis)
         self.ratios: list[float | None] = [None] * len(self.sizes)
-        self.millis = list(millis)
+        self._millis: list | None = list(millis)  # the corrected curve; None: recompute when read
+        self._table: list = []  # cost(n) for n = 0, 1, ...: read by every speculating step
         self.lock = threading.Lock()
 
     @classmethod
@@ -72,6 +73,25 @@ class VerifyCost:
     def __call__(self, n: int) -> float:
         return _interpolate(self.sizes, self.millis, n)
 
+    @property
+    def millis(self) -> list:
+        """The corrected cost of each measured size. Every served step moves the ratios and only
+        speculating steps read the curve, so it is recomputed when read, not when observed."""
+        millis = self._millis
+        if millis is None:
+            with self.lock:
+                millis = self._millis = self._corrected()
+        return millis
+
+    def table(self, largest: int) -> list:
+        """[cost(0), cost(1), ..., cost(largest)]: one list lookup per tree node where the
+        interpolation would search the sizes again (kept until the next observed forward)."""
+        table = self._table
+        if len(table) <= largest:
+            sizes, millis = self.sizes, self.millis
+            table = self._table = [_interpolate(sizes, millis, n) for n in range(largest + 1)]
+        return table
+
     def observe(self, n: int, millis: float) -> None:
         """One served forward of n tokens (a single request's tree, nothing else in it) took `millis`."""
         i = max(0, bisect.bisect_right(self.sizes, n) - 1)
@@ -79,7 +99,7 @@ class VerifyCost:
         with self.lock:
             old = self.ratios[i]
             self.ratios[i] = ratio if old is None else old + self.RATE * (ratio - old)
-            self.millis = self._corrected()
+            self._millis, self._table = None, []
 
     def _corrected(self) -> list:
         out, offset = [], 0.0
@@ -121,19 +141,27 @@ def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int, force: bool = False
     (force: keep them all). One node at a time, a tree stopped at the first node that did not
     pay for itself alone; in service the first extra token costs the most (it wakes other
     experts, and later ones wake few more), so the long suggestion chains that pay as a whole
-    were never built. A tree that pays at no size is the root alone (plain decoding)."""
-    heap = [(-path.probs[0], i, 0) for i, path in enumerate(paths) if path.tokens]
+    were never built. A tree that pays at no size is the root alone (plain decoding).
+
+    Each heap entry carries the tree node its path has reached, so a node is placed in constant
+    time: walking each path from the root again made a 64-token suggestion cost 2,000 lookups."""
+    costs = cost.table(max_nodes)
+    heap = [(-path.probs[0], i, 0, 0) for i, path in enumerate(paths) if path.tokens]
     heapq.heapify(heap)
-    expected, best_rate, best_size = 0.0, 1.0 / cost(len(tree)), len(tree)
+    expected, best_rate, best_size = 0.0, 1.0 / costs[len(tree)], len(tree)
     while heap and len(tree) < max_nodes:
-        neg_p, i, depth = heapq.heappop(heap)
-        source, tokens, probs = paths[i].source, paths[i].tokens, paths[i].probs
-        if tree.add_path(tokens[: depth + 1], source, probs[: depth + 1], max_nodes):
-            expected += -neg_p
-            rate = (expected + 1.0) / cost(len(tree))
+        neg_p, i, depth, parent = heapq.heappop(heap)
+        tokens, probs = paths[i].tokens, paths[i].probs
+        node = tree.children[parent].get(tokens[depth])
+        if node is None:
+            node = tree.add_child(parent, tokens[depth], paths[i].source, -neg_p)
+            expected -= neg_p
+            rate = (expected + 1.0) / costs[len(tree)]
             if rate > best_rate:
                 best_rate, best_size = rate, len(tree)
+        elif tree.probs[node] < -neg_p:
+            tree.probs[node] = -neg_p
         if depth + 1 < len(tokens):
-            heapq.heappush(heap, (-probs[depth + 1], i, depth + 1))
+            heapq.heappush(heap, (-probs[depth + 1], i, depth + 1, node))
     if not force:
         tree.truncate(best_size)

@@ -28,14 +28,15 @@ class TokenTree:
             if child is None:
                 if len(self.tokens) >= budget:
                     break
-                child = self._new(node, token, source, prob)
+                child = self.add_child(node, token, source, prob)
                 added += 1
             else:
                 self.probs[child] = max(self.probs[child], prob)
             node = child
         return added
 
-    def _new(self, parent: int, token: int, source: str, prob: float) -> int:
+    def add_child(self, parent: int, token: int, source: str, prob: float) -> int:
+        """A new node under `parent` (which has no child of this token yet); returns its index."""
         index = len(self.tokens)
         self.tokens.append(token)
         self.parents.append(parent)

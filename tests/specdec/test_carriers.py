@@ -222,6 +222,63 @@ def test_a_tree_is_kept_at_the_size_that_pays_best_not_cut_at_the_first_costly_n
     assert len(tree) == 4  # forced: every node
 
 
+def _grown_path_by_path(paths, cost, max_nodes, force):
+    """The reference tree growth: each best node inserted as its whole path prefix from the root."""
+    import heapq
+
+    from specdec.tree import TokenTree
+
+    tree = TokenTree(0)
+    heap = [(-p.probs[0], i, 0) for i, p in enumerate(paths) if p.tokens]
+    heapq.heapify(heap)
+    expected, best_rate, best_size = 0.0, 1.0 / cost(1), 1
+    while heap and len(tree) < max_nodes:
+        neg_p, i, depth = heapq.heappop(heap)
+        if tree.add_path(paths[i].tokens[: depth + 1], paths[i].source, paths[i].probs[: depth + 1], max_nodes):
+            expected -= neg_p
+            if (expected + 1.0) / cost(len(tree)) > best_rate:
+                best_rate, best_size = (expected + 1.0) / cost(len(tree)), len(tree)
+        if depth + 1 < len(paths[i].tokens):
+            heapq.heappush(heap, (-paths[i].probs[depth + 1], i, depth + 1))
+    if not force:
+        tree.truncate(best_size)
+    return tree
+
+
+def test_growing_a_tree_node_by_node_builds_the_tree_path_by_path_insertion_builds():
+    """grow_tree places each node under the node its path reached; the tree (tokens, parents,
+    sources, probabilities) and its cut must be those of inserting each path prefix from the root,
+    on overlapping paths of every source, under budgets that cut them."""
+    import random
+
+    from specdec.budget import SIZES, VerifyCost, grow_tree
+    from specdec.tree import TokenTree
+
+    rng = random.Random(7)
+    cost = VerifyCost(SIZES, [2.0, 2.3, 2.8, 3.5, 4.2, 4.9, 6.0, 7.4, 9.8, 12.5])
+    for case in range(200):
+        paths = []
+        for _ in range(rng.randint(1, 6)):
+            length = rng.randint(0, 40)
+            tokens = [rng.randint(1, 4) for _ in range(length)]  # few token ids: paths share prefixes
+            p, probs = rng.uniform(0.2, 1.0), []
+            for _ in tokens:
+                probs.append(p)
+                p *= rng.uniform(0.5, 1.5)  # not always falling: a shared node keeps its best probability
+            paths.append(DraftPath(rng.choice(["trie", "draft", "history"]), tokens, probs))
+        budget, force = rng.choice([2, 5, 16, 64]), case % 2 == 0
+        grown = TokenTree(0)
+        grow_tree(grown, paths, cost, budget, force)
+        reference = _grown_path_by_path(paths, cost, budget, force)
+        assert (grown.tokens, grown.parents, grown.sources, grown.probs) == \
+            (reference.tokens, reference.parents, reference.sources, reference.probs), case
+        assert grown.children == reference.children
+    shared = [DraftPath("trie", [1, 2], [0.5, 0.9]), DraftPath("draft", [1, 2], [0.4, 0.95])]
+    grown = TokenTree(0)
+    grow_tree(grown, shared, cost, 64, force=True)
+    assert grown.probs == [1.0, 0.5, 0.95]  # a node reached again keeps the best probability offered
+
+
 def test_a_repetitive_suggestion_is_continued_from_where_the_user_is_along_it():
     """In a run like `str, str, ...` the tail also matches near the suggestion's end; the rest
     proposed must start where the user is (the first match past the cursor), and a repeated
