@@ -151,9 +151,18 @@ class DraftRunner:
         return tokens, probs
 
 
-def _common_prefix(a, b) -> int:
+def _common_prefix(a: list, b: list) -> int:
+    """Length of the common prefix of two token lists. Slices are compared in C, the whole
+    prefix first (usually it matches: the draft's cache holds the prompt and its first tokens),
+    then by halves: a loop over a 1,500-token prompt in Python cost a third of a millisecond."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

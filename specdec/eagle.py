@@ -29,7 +29,7 @@ from torch import nn
 
 from specdec.config import ConfigError
 from specdec.drafting import runner_ups
-from specdec.kvcache import KVCache
+from specdec.kvcache import KVCache, under_inference_mode
 from specdec.model import RMSNorm
 from specdec.ops import apply_rope, rope_cos_sin
 
@@ -138,7 +138,7 @@ class Eagle3Head(nn.Module):
         return KVCache(1, c.num_kv_heads, c.head_dim, dtype=self.fc.weight.dtype, device=self.fc.weight.device,
                        capacity=capacity)
 
-    @torch.inference_mode()
+    @under_inference_mode
     def forward(self, next_tokens, features, positions, cache: KVCache, fused: bool = False):
         """next_tokens [N], features [N, 3H_t] (fused=False: the target's) or [N, H] (the head's own
         output), positions [N] -> (draft-vocabulary logits [N, V_d], the head's output [N, H])."""
@@ -227,7 +227,7 @@ class EagleRunner:
         self.synced = min(self.synced, max(0, length - 1))
         self.cache.truncate(self.synced)
 
-    @torch.inference_mode()
+    @under_inference_mode
     def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
         """Greedy target-vocabulary tokens after `committed` with their cumulative probabilities,
         and the runner-ups at each depth in self.alternatives, as DraftRunner.chain gives them."""

@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from specdec.accept import Sampling, Uniforms, accept
@@ -311,10 +312,13 @@ class Generation:
         return paths
 
     def segment(self, tree: TokenTree):
-        base = len(self.committed) - 1
-        positions = torch.tensor([base + d for d in tree.depths])
+        """(tokens, positions, Segment) of the tree for the batched forward. The small tensors
+        are made through numpy, which costs a fraction of torch.tensor's per-call overhead."""
+        positions = np.asarray(tree.depths, dtype=np.int64)
+        positions += len(self.committed) - 1
         mask = None if tree.is_chain() else tree.ancestor_mask()
-        return torch.tensor(tree.tokens), positions, Segment(self.cache, len(tree), mask)
+        tokens = torch.from_numpy(np.asarray(tree.tokens, dtype=np.int64))
+        return tokens, torch.from_numpy(positions), Segment(self.cache, len(tree), mask)
 
     def commit(self, tree: TokenTree, logits, features=None) -> int:
         """Accept against the target's logits [len(tree), vocab] (and keep its captured hidden

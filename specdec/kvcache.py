@@ -5,7 +5,25 @@ the committed prefix, at [length, length + pending); `keep(indices)` then moves 
 nodes into place and drops the rest, or `keep_all()` commits everything (prefill, plain decode).
 """
 
+import functools
+
 import torch
+
+
+def under_inference_mode(fn):
+    """torch.inference_mode() for a function that touches caches (inference tensors, which only
+    that mode may update in place), entered only when it is not on already. The scheduler's step
+    enters it, and the forwards and cache updates inside it ran torch's own decorator each time,
+    a context object built and entered per call, for several calls of every decode step."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if torch.is_inference_mode_enabled():
+            return fn(*args, **kwargs)
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+
+    return run
 
 
 class KVCache:
@@ -46,7 +64,7 @@ class KVCache:
         self.length += self.pending
         self.pending = 0
 
-    @torch.inference_mode()
+    @under_inference_mode
     def keep(self, indices) -> None:
         """Commit the pending tokens at `indices` (positions within the pending block, ascending)."""
         indices = list(indices)

@@ -15,7 +15,7 @@ from torch import nn
 
 import kernels
 from specdec.config import ModelConfig
-from specdec.kvcache import KVCache
+from specdec.kvcache import KVCache, under_inference_mode
 from specdec.ops import (
     CpuLogitsHead,
     Projection,
@@ -439,7 +439,7 @@ class Transformer(nn.Module):
         return KVCache(self.config.num_layers, **self.cache_dims(), dtype=self.dtype, device=self.device,
                        capacity=capacity)
 
-    @torch.inference_mode()
+    @under_inference_mode
     def forward(self, input_ids, positions, segments, logits_rows=None):
         """input_ids, positions [N] -> logits [len(logits_rows) or N, vocab] (fp32).
 

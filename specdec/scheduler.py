@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 
 from specdec.generation import State
+from specdec.kvcache import under_inference_mode
 from specdec.policy import learn_step
 
 log = logging.getLogger("specdec.scheduler")
@@ -151,7 +152,7 @@ class Scheduler:
                 log.exception("scheduler step failed")
                 self._fail_all()
 
-    @torch.inference_mode()  # caches are inference tensors: every in-place update must run in this mode
+    @under_inference_mode  # caches are inference tensors: every in-place update must run in this mode
     def step(self) -> None:
         # Reap first: a superseded request gives its caches back to the prompt cache before the
         # request that superseded it (one keystroke later, same prompt but the tail) begins.
@@ -183,7 +184,8 @@ class Scheduler:
         total = prefilled + sum(len(tree) for _, tree in trees)
         rows = None if not chunks else list(range(prefilled, total))
         target = self.engine.target
-        logits = target(torch.cat(tokens), torch.cat(positions), list(segments), logits_rows=rows)
+        joined = (torch.cat(tokens), torch.cat(positions)) if len(parts) > 1 else (tokens[0], positions[0])
+        logits = target(*joined, list(segments), logits_rows=rows)
         woken = target.experts_woken() if trees else 0
         features = target.captured  # [all rows, k*H] when an EAGLE-3 head reads them, else None
         start, added = 0, []

@@ -31,3 +31,18 @@ def test_runner_ups_at_every_depth_are_the_drafts_own_distribution(tiny_models):
             assert prob == pytest.approx(before * float(dist[token]), rel=1e-4)
         before *= float(dist[tokens[depth]])
         assert probs[depth] == pytest.approx(before, rel=1e-4)
+
+
+def test_common_prefix_of_token_lists_matches_a_plain_scan():
+    """The draft's cache is rewound to the common prefix of its tokens and the committed ones,
+    found by comparing slices; it must equal a token-by-token scan, wherever the lists part."""
+    import random
+
+    from specdec.drafting import _common_prefix
+
+    rng = random.Random(3)
+    for _ in range(3000):
+        a = [rng.randint(0, 2) for _ in range(rng.randint(0, 40))]
+        b = a[: rng.randint(0, len(a))] + [rng.randint(0, 2) for _ in range(rng.randint(0, 12))]
+        scan = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        assert _common_prefix(a, b) == _common_prefix(b, a) == scan
