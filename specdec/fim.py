@@ -18,6 +18,7 @@ import zlib
 from dataclasses import dataclass
 
 from specdec.fim_formats import FimFormat, FimFormatError, detect, order
+from specdec.tokencache import TokenCache
 
 MAX_CONTEXT_TOKENS = 1536  # of the model's 2048 positions, leaving room to generate
 CHARS_PER_TOKEN_MAX = 6  # code averages 3.7 characters per token with the default tokenizer
@@ -67,6 +68,7 @@ class PromptBuilder:
         except FimFormatError as err:
             raise PromptError(str(err)) from None
         self.max_tokens = max_tokens
+        self.pieces = TokenCache(tokenizer)  # the prompt's suffix, chunks and lines above the cursor
         ids = {t: tokenizer.token_to_id(t) for t in self.format.tokens()}
         self.special = {t: i for t, i in ids.items() if i is not None}  # the format's optional ones may be absent
         if self.format.eot[0] not in self.special:
@@ -81,13 +83,15 @@ class PromptBuilder:
     def encode(self, text: str) -> list[int]:
         return self._encoding(text).ids if text else []
 
-    def _encode_suffix(self, text: str) -> list[int]:
+    def _encode_suffix(self, text: str) -> tuple:
         """The suffix's tokens; for a sentencepiece family, without the space its tokenizer puts
         before the first word: encoded after a sentinel, whose own tokens are dropped."""
-        if not self.format.bare_suffix or not text:
-            return self.encode(text)
-        head = self.encode(_SENTINEL)
-        ids = self.encode(_SENTINEL + text)
+        if not text:
+            return []
+        if not self.format.bare_suffix:
+            return self.pieces.encode(text)[0]
+        head = tuple(self.encode(_SENTINEL))
+        ids = self.pieces.encode(_SENTINEL + text)[0]
         return ids[len(head) :] if ids[: len(head)] == head else ids
 
     def build(self, prefix: str, suffix: str = "", extra=(), path: str | None = None, heal: bool = True,
@@ -142,10 +146,10 @@ class PromptBuilder:
         """
         window = _line_start_at_or_after(prefix, len(prefix) - CHARS_PER_TOKEN_MAX * (max(keep, fits) + LINE_ALLOWANCE))
         text = prefix[window:]
-        encoding = self._encoding(text)
-        if window > 0 and len(encoding.ids) < max(keep, fits) + LINE_ALLOWANCE:
-            window, text, encoding = 0, prefix, self._encoding(prefix)
-        ids, offsets = encoding.ids, encoding.offsets
+        ids, offsets = self.pieces.encode_before_cursor(text)
+        if window > 0 and len(ids) < max(keep, fits) + LINE_ALLOWANCE:
+            window, text = 0, prefix
+            ids, offsets = self.pieces.encode_before_cursor(text)
         above = bisect.bisect_left(offsets, (settled_newline(text), -1))  # tokens of the settled lines
         if window == 0 and above + LINE_ALLOWANCE <= fits and len(ids) <= fits:
             return ids, False, above + LINE_ALLOWANCE
@@ -206,9 +210,9 @@ class PromptBuilder:
         for item in extra:
             filename, text = (item["filename"], item["text"]) if isinstance(item, dict) else item
             if separator is not None:
-                chunks.append([separator, *self.encode(f"{filename}\n{text}")])
+                chunks.append([separator, *self.pieces.encode(f"{filename}\n{text}")[0]])
             else:  # a family without repository tokens reads a path comment before each chunk
-                chunks.append(self.encode(f"{self.format.comment} {filename}\n{text}\n"))
+                chunks.append(list(self.pieces.encode(f"{self.format.comment} {filename}\n{text}\n")[0]))
         out, truncated, kept = [], False, 0
         for chunk in reversed(chunks):
             if len(out) + len(chunk) > budget:

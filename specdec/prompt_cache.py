@@ -75,8 +75,8 @@ class PromptCache:
             best, best_len = None, 0
             for entry in self.entries:
                 n = min(len(entry.tokens), len(query))
-                if n <= best_len:
-                    continue
+                if n <= best_len or (best_len and entry.tokens[best_len] != query[best_len]):
+                    continue  # it cannot share more than the best so far: one token says so
                 diff = np.flatnonzero(entry.tokens[:n] != query[:n])
                 common = int(diff[0]) if diff.size else n
                 if common > best_len:
