@@ -96,14 +96,12 @@ def branch_paths(tokens: list, probs: list, alternatives) -> list[tuple[list, li
 class DraftRunner:
     """Keeps the draft model's KV cache in step with one sequence and drafts greedy chains."""
 
-    def __init__(self, model, cache=None):
+    def __init__(self, model, cache=None, tokens=()):
+        """cache, tokens: a draft cache an earlier request kept, and the tokens it holds."""
         self.model = model
         self.cache = cache if cache is not None else model.new_cache()
-        self.synced = []  # tokens whose keys and values are in the cache
+        self.synced = list(tokens[: self.cache.length])  # tokens whose keys and values are in the cache
         self.alternatives = []  # alternatives[d]: runner-ups at depth d of the last chain (see branch_paths)
-
-    def adopt(self, cache, tokens: list[int]) -> None:
-        self.cache, self.synced = cache, list(tokens[: cache.length])
 
     def sync(self, committed: list[int]) -> None:
         """Prefill the draft's cache with all but the last committed token (as the target's)."""

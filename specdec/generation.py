@@ -25,7 +25,7 @@ from specdec.accept import Sampling, Uniforms, accept
 from specdec.budget import grow_tree, min_useful_prob
 from specdec.drafting import DraftPath, DraftRunner, branch_paths, history_paths, ngram_paths, trie_paths
 from specdec.eagle import EagleRunner
-from specdec.history import MATCH_LENGTHS
+from specdec.history import MATCH_LENGTHS, SELF_SEARCH_CHARS
 from specdec.model import Segment
 from specdec.options import CompletionOptions
 from specdec.policy import learn_acceptance, learn_draft
@@ -35,6 +35,8 @@ from specdec.stops import StopCut, rules_for
 from specdec.tree import TokenTree
 
 REPORTED_AS = {"suggestion": "history"}  # sources learned apart but reported as one (Stats.SOURCES)
+
+REPEAT_SEARCH_CHARS = 4_000  # of the text searched for a long repeat on a plain step (see _long_repeats)
 
 # Forced speculation (Engine(adaptive=False), eval --always-speculate) measures the sources'
 # acceptance apart from the hardware, so the draft's floor there is a confidence, not the
@@ -188,9 +190,8 @@ class Generation:
             self.cache, reuse = engine.target.new_cache(len(ids) + options.max_tokens + 80), 0
         uses_draft = options.strategy in ("draft", "hybrid") and engine.draft is not None
         if uses_draft:
-            self.draft = DraftRunner(engine.draft)
-            if entry is not None and entry.draft is not None:
-                self.draft.adopt(entry.draft, entry.draft_tokens)
+            kept = entry is not None and entry.draft is not None
+            self.draft = DraftRunner(engine.draft, *((entry.draft, entry.draft_tokens) if kept else ()))
         # A request that drafts nothing (`ar`, or `trie` between hybrid requests) keeps the
         # entry's draft and head caches, so the document's next drafting request finds them.
         if entry is not None and not uses_draft and not self._needs_features(options):
@@ -276,13 +277,20 @@ class Generation:
         good part of a step. It catches a completion that repeats what it or the file already
         wrote (a run of `str, str, ...` to the token limit), which the measured speeds would
         leave plain; the tree is still cut to what its priced acceptance pays for. 12-character
-        tails matched too often to pay."""
-        return self._history_paths(self.policies[0].acceptance, MATCH_LENGTHS[:2]) if strategy == "hybrid" else []
+        tails matched too often to pay. The text is searched only REPEAT_SEARCH_CHARS back: the
+        search runs at every plain step, and the repeats it finds lie within a few hundred
+        characters (on flask, all but one in 300 within 2,000)."""
+        if strategy != "hybrid":
+            return []
+        return self._history_paths(self.policies[0].acceptance, MATCH_LENGTHS[:2], REPEAT_SEARCH_CHARS)
 
-    def _history_paths(self, acceptance, lengths=None) -> list[DraftPath]:
-        """The suggestion history's paths after the text so far (tail lengths: MATCH_LENGTHS)."""
+    def _history_paths(self, acceptance, lengths=None, search_chars: int = SELF_SEARCH_CHARS) -> list[DraftPath]:
+        """The suggestion history's paths after the text so far (tail lengths: MATCH_LENGTHS),
+        the text itself searched `search_chars` back."""
         healed = self.prompt.healed_text if self.healing_pending else ""
-        return history_paths(self.engine.history, self.options.document, self.options.prefix + self.text,
+        # Only what the search reads: a prefix is often the whole file, copied at every step.
+        searched = self.options.prefix[-search_chars - 1 :] + self.text
+        return history_paths(self.engine.history, self.options.document, searched,
                              self.engine.prompts.encode, healed, acceptance, lengths=lengths)
 
     def _paths(self, strategy: str, acceptance) -> list[DraftPath]:

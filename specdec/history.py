@@ -19,7 +19,7 @@ from typing import NamedTuple
 CONTEXT_CHARS = 600  # of text before the cursor kept with each completion
 MATCH_LENGTHS = (48, 24, 12)  # characters of tail tried, longest first
 MIN_CONTINUATION = 2
-SELF_SEARCH_CHARS = 20_000  # of the current text searched for an earlier occurrence of its tail
+SELF_SEARCH_CHARS = 20_000  # of the current text searched for an earlier occurrence of its tail (callers pass no more)
 
 
 class Suggestion(NamedTuple):
@@ -60,11 +60,11 @@ class SuggestionHistory:
         """Whether the tail of text + generated lies inside a stored suggestion with more of it to
         come: the user is typing along (or generation is running along) something already suggested.
         (Only the tail is joined: this runs at every step the policy would decode plainly.)"""
-        tail = (text[-length:] + generated)[-length:]
-        if len(tail) < length:
-            return False
         with self._lock:
             stored = list(self._texts.get(document, ()))
+        tail = (text[-length:] + generated)[-length:] if stored else ""
+        if len(tail) < length:
+            return False
         return any(0 <= s.find_along(tail) < len(s.text) - length - MIN_CONTINUATION for s in stored)
 
     def forget(self, document: str | None) -> None:
@@ -80,8 +80,14 @@ class SuggestionHistory:
             stored = list(reversed(self._texts.get(document, ())))
         own = text[-SELF_SEARCH_CHARS:-1]
         sources = [(s.text, s.find_along, True) for s in stored] + [(own, own.rfind, False)]
+        lengths = lengths or MATCH_LENGTHS
+        # Most steps find nothing: a longer tail ends with the shortest one, so where the
+        # shortest occurs nowhere, no longer tail does either (one search of the text, not one a length).
+        shortest = min(lengths)
+        if len(text) >= shortest and all(find(text[-shortest:]) < 0 for _, find, _ in sources):
+            return []
         found, seen = [], set()
-        for length in lengths or MATCH_LENGTHS:
+        for length in lengths:
             if len(text) < length:
                 continue
             tail = text[-length:]

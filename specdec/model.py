@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -498,6 +499,11 @@ class Transformer(nn.Module):
             return 0
         if latest[0].shape[0] == 1:  # one token (a decode step): its top-k experts are distinct
             return sum(ids.numel() for ids in latest)
+        if latest[0].device.type == "cpu":  # numpy: torch's per-op overhead was most of a tree step's statistics
+            woken = np.zeros((len(latest), self.config.num_experts), dtype=bool)
+            for layer, ids in enumerate(latest):
+                woken[layer, ids.numpy().reshape(-1)] = True
+            return int(np.count_nonzero(woken))
         ids = torch.stack([i.reshape(-1) for i in latest])  # [layers, N*A]: every layer ran the same tokens
         woken = torch.zeros(ids.shape[0], self.config.num_experts, dtype=torch.bool, device=ids.device)
         return int(woken.scatter_(1, ids, True).sum())

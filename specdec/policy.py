@@ -59,8 +59,11 @@ class SpeculationPolicy:
     step_speed: dict = field(default_factory=dict)  # strategy -> {"spec": ms, "plain": ms}
     steps: dict = field(default_factory=dict)  # strategy -> steps recorded
 
-    EXPLORE_EVERY = 32  # at least this many steps per step of the slower kind, which keeps its estimate current
-    EXPLORE_COST = 0.01  # and at most this share of the time lost to exploring
+    # At least this many steps per step of the slower kind, which keeps its estimate current,
+    # and at most this share of the time lost to exploring. Where speculation does not pay,
+    # exploring is most of what a strategy loses against plain decoding, so the share is small.
+    EXPLORE_EVERY = 64
+    EXPLORE_COST = 0.005
 
     def should_speculate(self, strategy: str) -> bool:
         """Speculate where it is measured faster (a pure question: recording a step moves the state)."""
@@ -76,7 +79,7 @@ class SpeculationPolicy:
     def explore_interval(self, strategy: str) -> int:
         """Steps per exploring step: a step of the slower kind costs (slower / faster - 1) of a
         step, so the further apart the kinds were measured, the rarer the exploration (a draft
-        measured twice as slow as plain decoding is tried once in 100 steps, not once in 32)."""
+        measured twice as slow as plain decoding is tried once in 200 steps, not once in 64)."""
         speeds = self.step_speed.get(strategy, {})
         spec, plain = speeds.get("spec"), speeds.get("plain")
         if not spec or not plain:

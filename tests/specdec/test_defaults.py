@@ -149,9 +149,28 @@ def test_the_further_apart_the_step_speeds_the_rarer_the_exploration():
     from specdec.policy import SpeculationPolicy
 
     policy = SpeculationPolicy()
-    policy.step_speed["draft"] = {"spec": 4.4, "plain": 4.0}  # 10% apart: the floor of 32
-    assert policy.explore_interval("draft") == 32
-    policy.step_speed["draft"] = {"spec": 8.0, "plain": 4.0}  # twice as slow: 1% of the time at most
-    assert policy.explore_interval("draft") == 100
+    policy.step_speed["draft"] = {"spec": 4.4, "plain": 4.0}  # 10% apart: the floor of 64
+    assert policy.explore_interval("draft") == 64
+    policy.step_speed["draft"] = {"spec": 8.0, "plain": 4.0}  # twice as slow: 0.5% of the time at most
+    assert policy.explore_interval("draft") == 200
     policy.step_speed["draft"] = {"spec": 2.0, "plain": 4.0}  # speculation faster: plain steps explored as rarely
-    assert policy.explore_interval("draft") == 100
+    assert policy.explore_interval("draft") == 200
+
+
+def test_exploration_keeps_its_interval_while_the_measured_speeds_move():
+    """Measured speeds move at every step, and with them the interval: explorations must still
+    come one per interval, not whenever a step count happens to fall on a moving modulo."""
+    import random
+
+    from specdec.policy import SpeculationPolicy
+
+    policy, rng = SpeculationPolicy(), random.Random(2)
+    policy.step_speed["draft"] = {"spec": 3.0, "plain": 1.5}
+    explored, steps = 0, 4000
+    for _ in range(steps):
+        speculate = policy.should_speculate("draft")
+        explored += speculate
+        policy.record_step("draft", speculate, (3.0 if speculate else 1.5) * rng.uniform(0.9, 1.1), 1)
+    interval = policy.explore_interval("draft")  # about 200: twice as slow, 0.5% of the time
+    assert 150 < interval < 260
+    assert steps / 260 - 1 <= explored <= steps / 150 + 1

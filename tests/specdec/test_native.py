@@ -75,6 +75,15 @@ def test_native_step_files_the_same_expert_statistics(hf_checkpoints, arch):
     assert counts[0][0].sum() > 0 and counts[0][1] == counts[1][1]
 
 
+def test_experts_woken_by_a_verify_pass_are_the_distinct_layer_expert_pairs(hf_checkpoints):
+    model = load_model(hf_checkpoints["qwen3_moe"][0])
+    ids = torch.randint(0, 97, (7,), generator=torch.Generator().manual_seed(6))
+    cache = model.new_cache(16)
+    model(ids, torch.arange(7), [Segment(cache, 7)])
+    pairs = {(layer, e) for layer, block in enumerate(model.moe_blocks()) for e in block.latest_ids.reshape(-1).tolist()}
+    assert model.experts_woken() == len(pairs) > len(model.moe_blocks()) * 2
+
+
 def test_native_step_captures_the_layers_an_eagle_head_reads(hf_checkpoints):
     model = load_model(hf_checkpoints["qwen3_moe"][0])
     model.capture_layers = (0, 2)
