@@ -27,6 +27,7 @@ class CacheEntry:
     features: object = None  # [n, k*H] the target's captured hidden states, for an EAGLE-3 head
     head: object = None  # the head's KVCache, holding its first head_synced pairs
     head_synced: int = 0
+    held_bytes: int = 0  # nbytes() when it was put: entries are not changed while the cache holds them
 
     def nbytes(self) -> int:
         extra = (self.draft.nbytes() if self.draft is not None else 0) + (self.head.nbytes() if self.head is not None else 0)
@@ -93,14 +94,16 @@ class PromptCache:
             head_synced: int = 0) -> None:
         entry = CacheEntry(np.asarray(tokens[: target.length], dtype=np.int64), target, draft,
                            list(draft_tokens), time.monotonic(), features, head, head_synced)
+        entry.held_bytes = entry.nbytes()
         with self.lock:
             self.entries.append(entry)
             self._evict()
 
     def _evict(self) -> None:
         self.entries.sort(key=lambda e: e.last_used)
-        while self.entries and self._bytes_held() > self.max_bytes:
-            self.entries.pop(0)
+        held = self._bytes_held()
+        while self.entries and held > self.max_bytes:
+            held -= self.entries.pop(0).held_bytes
 
     def nbytes(self) -> tuple[int, int]:
         """(entries, bytes held): for the server's metrics."""
@@ -108,7 +111,9 @@ class PromptCache:
             return len(self.entries), self._bytes_held()
 
     def _bytes_held(self) -> int:
-        return sum(e.nbytes() for e in self.entries)
+        """Summed from each entry's size at put: asking every cache its size again at each put
+        cost about as much as a decode step once a few dozen entries were held."""
+        return sum(e.held_bytes for e in self.entries)
 
     def clear(self) -> None:
         with self.lock:
