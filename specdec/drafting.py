@@ -113,6 +113,12 @@ class DraftRunner:
             self.cache.keep_all()
             self.synced.extend(feed)
 
+    def catch_up(self, prompt: list[int]) -> None:
+        """Hold the prompt (all but its last token, as sync) before drafting; what the cache
+        holds past a prompt it already covers (this request's earlier drafting) stays."""
+        if _common_prefix(self.synced, prompt) < len(prompt) - 1:
+            self.sync(prompt)
+
     def _rewind(self, committed: list[int]) -> None:
         common = min(_common_prefix(self.synced, committed), len(committed) - 1)
         self.cache.truncate(common)

@@ -92,6 +92,7 @@ class Generation:
         self.text, self.final_text = "", None
         self.speculating = False
         self.repeat_only = False  # this step's tree holds only a long repeat (see _long_repeats)
+        self.catch_up_ms = 0.0  # of this step's proposing, spent bringing the draft's cache up to the prompt
         self.stats = Stats()
         self.started = time.perf_counter()
         self.decode_started: float | None = None
@@ -229,7 +230,12 @@ class Generation:
             self._prefilled()
 
     def _prefilled(self) -> None:
-        if self.draft is not None:
+        # A request a user waits on brings the draft's cache up to the prompt when a step first
+        # drafts (_catch_up): an adaptive engine rarely drafts, and syncing a cold prompt through
+        # the draft cost a fifth of the target's own prefill on every request that came to a new
+        # place. A request that generates nothing is a client warming the caches (llama.vim's
+        # n_predict 0), off the user's path: it warms the draft's too.
+        if self.draft is not None and self.options.max_tokens == 0:
             self.draft.sync(self.committed)
         self.stats.prefill_ms = (time.perf_counter() - self.started) * 1000
         self.decode_started = time.perf_counter()
@@ -249,6 +255,7 @@ class Generation:
         """The token tree of this step: the sources' paths, grown within the verify budget."""
         engine, strategy = self.engine, self.options.strategy
         tree = TokenTree(self.committed[-1])
+        self.catch_up_ms = 0.0
         document_policy = self.policies[0]
         self.speculating = strategy != "ar" and (not engine.adaptive or document_policy.should_speculate(strategy)
                                                  or self._along_a_suggestion(strategy))
@@ -304,6 +311,8 @@ class Generation:
         if strategy == "ngram":
             paths += ngram_paths(self.committed, acceptance)
         drafter = self.eagle if self.eagle is not None else self.draft
+        if drafter is self.draft and drafter is not None:
+            self._catch_up()
         if drafter is not None:
             # A draft token must pay for its draft forward and for its place in the tree; when
             # speculation is forced, costs are no concern, and the draft drafts while it is not guessing.
@@ -318,6 +327,16 @@ class Generation:
             paths += [DraftPath("draft", branch, [p * scale for p in branch_probs])
                       for branch, branch_probs in branch_paths(tokens, probs, drafter.alternatives)]
         return paths
+
+    def _catch_up(self) -> None:
+        """Bring the draft's cache up to the prompt before it first drafts. After a cold prompt
+        that is a prefill through the draft, paid once and kept by the prompt cache for the next
+        keystrokes: its time is not this step's, whose speed the policy learns (the scheduler
+        takes catch_up_ms out of the proposing time). Tokens generated since are fed by the
+        chain itself, as before, and counted."""
+        started = time.perf_counter()
+        self.draft.catch_up(self.prompt.ids)
+        self.catch_up_ms = (time.perf_counter() - started) * 1000
 
     def segment(self, tree: TokenTree):
         """(tokens, positions, Segment) of the tree for the batched forward. The small tensors

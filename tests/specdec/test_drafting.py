@@ -46,3 +46,30 @@ def test_common_prefix_of_token_lists_matches_a_plain_scan():
         b = a[: rng.randint(0, len(a))] + [rng.randint(0, 2) for _ in range(rng.randint(0, 12))]
         scan = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         assert _common_prefix(a, b) == _common_prefix(b, a) == scan
+
+
+def test_a_cold_request_feeds_the_draft_its_prompt_only_when_it_drafts(tiny_models):
+    """A request a user waits on syncs the draft's cache when a step first drafts: one that
+    decodes plainly feeds the draft nothing, one that drafts feeds it the prompt once and gives
+    the target's own tokens; a warming request (max_tokens 0) syncs it at once."""
+    from specdec import Engine
+    from tests.helpers import code_prompts
+
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]))
+    fed = []
+    original = engine.draft.forward
+    engine.draft.forward = lambda ids, *args, **kwargs: fed.append(len(ids)) or original(ids, *args, **kwargs)
+    (_, prefix, suffix), (_, other, other_suffix) = code_prompts(2, seed=31, before=600, after=100)
+    engine.policies.prior.step_speed["draft"] = {"spec": 50.0, "plain": 1.0}  # measured far slower: plain steps
+    engine.policies.prior.steps["draft"] = 0
+    reference = engine.complete(prefix, suffix, strategy="ar", max_tokens=6, use_prompt_cache=False)
+    plain = engine.complete(prefix, suffix, strategy="draft", max_tokens=6, use_prompt_cache=False)
+    assert plain.tokens == reference.tokens and fed == []
+    forced = Engine(engine.target, engine.draft, adaptive=False)
+    fed.clear()  # its start-up measured the draft
+    drafted = forced.complete(prefix, suffix, strategy="draft", max_tokens=6, use_prompt_cache=False)
+    assert drafted.tokens == reference.tokens and drafted.stats["tree_nodes"] > 0
+    assert max(fed) == len(forced.prompt_for(prefix, suffix).ids) - 1  # the prompt, once
+    fed.clear()
+    forced.complete(other, other_suffix, strategy="draft", max_tokens=0)
+    assert sum(fed) == len(forced.prompt_for(other, other_suffix).ids) - 1
