@@ -64,6 +64,11 @@ class SpeculationPolicy:
     # exploring is most of what a strategy loses against plain decoding, so the share is small.
     EXPLORE_EVERY = 64
     EXPLORE_COST = 0.005
+    # A step's time counts at most this many times its kind's estimate. The faster kind is
+    # measured at every step but the slower one only when explored: one plain step stalled
+    # tenfold (a collection, the OS) would make plain decoding look slower than drafting, and
+    # the few explorations of plain steps would take hundreds of steps to undo it.
+    OUTLIER_CAP = 3.0
 
     def should_speculate(self, strategy: str) -> bool:
         """Speculate where it is measured faster (a pure question: recording a step moves the state)."""
@@ -94,6 +99,8 @@ class SpeculationPolicy:
         speeds = self.step_speed.setdefault(strategy, {})
         kind = "spec" if speculative else "plain"
         value = millis / tokens
+        if kind in speeds:  # one stalled step (a collection, the OS) must not reverse the decision
+            value = min(value, self.OUTLIER_CAP * speeds[kind])
         speeds[kind] = value if kind not in speeds else speeds[kind] + rate * (value - speeds[kind])
 
 

@@ -174,3 +174,15 @@ def test_exploration_keeps_its_interval_while_the_measured_speeds_move():
     interval = policy.explore_interval("draft")  # about 200: twice as slow, 0.5% of the time
     assert 150 < interval < 260
     assert steps / 260 - 1 <= explored <= steps / 150 + 1
+
+
+def test_one_stalled_step_does_not_reverse_the_decision():
+    from specdec.policy import SpeculationPolicy
+
+    policy = SpeculationPolicy()
+    policy.step_speed["draft"] = {"spec": 2.6, "plain": 1.3}
+    policy.record_step("draft", False, 40.0, 1)  # a 40 ms plain step: a pause, not the speed
+    assert policy.step_speed["draft"]["plain"] < 1.3 * 1.3 and not policy.should_speculate("draft")
+    for _ in range(30):  # a lasting change still moves it
+        policy.record_step("draft", False, 6.0, 1)
+    assert policy.step_speed["draft"]["plain"] > 2.6
