@@ -79,13 +79,13 @@ class SuggestionHistory:
         with self._lock:
             stored = list(reversed(self._texts.get(document, ())))
         own = text[-SELF_SEARCH_CHARS:-1]
-        sources = [(s.text, s.find_along, True) for s in stored] + [(own, own.rfind, False)]
         lengths = lengths or MATCH_LENGTHS
         # Most steps find nothing: a longer tail ends with the shortest one, so where the
         # shortest occurs nowhere, no longer tail does either (one search of the text, not one a length).
-        shortest = min(lengths)
-        if len(text) >= shortest and all(find(text[-shortest:]) < 0 for _, find, _ in sources):
+        probe = text[-min(lengths) :]
+        if len(probe) == min(lengths) and own.rfind(probe) < 0 and all(s.find_along(probe) < 0 for s in stored):
             return []
+        sources = [(s.text, s.find_along, True) for s in stored] + [(own, own.rfind, False)]
         found, seen = [], set()
         for length in lengths:
             if len(text) < length:
