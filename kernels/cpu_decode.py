@@ -22,7 +22,7 @@ import torch  # noqa: F401  (loads the OpenMP runtime the library shares)
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-HEADERS = [Path(__file__).with_name("cpu_decode_vector.h")]  # included by SOURCE
+HEADERS = [Path(__file__).with_name(name) for name in ("cpu_decode_vector.h", "cpu_decode_experts.h")]  # included by SOURCE
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
 # glibc's vector math (libmvec) for the exponentials of the portable attention loop (the AVX2
 # passes use their own inline exp); a C library without it builds with scalar expf instead.
