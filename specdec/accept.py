@@ -92,7 +92,7 @@ def greedy_token(row: torch.Tensor) -> int:
     """The index of the row's largest value, the first of equals as torch.argmax takes it. A CPU
     row goes through numpy, whose argmax (same tie rule, NaN counted largest as in torch) costs
     a fraction of torch's per-op overhead, paid at every step of every request."""
-    if row.device.type == "cpu" and row.dtype == torch.float32:
+    if row.device.type == "cpu" and row.dtype == torch.float32 and not row.requires_grad:
         return int(row.numpy().argmax())
     return int(torch.argmax(row))
 

@@ -18,7 +18,7 @@ whole). The prompt's tokens never depend on the cache.
 import threading
 from collections import OrderedDict
 
-MAX_HELD_TOKENS = 400_000  # over all remembered pieces; the least recently used go first
+MAX_HELD_TOKENS = 400_000  # over all remembered pieces (about 150 bytes a token with offsets); LRU
 SPLIT_SEARCH_LINES = 8  # newlines tried back from the cursor for one that the tokenizer splits before
 
 _SAMPLE = (
