@@ -19,7 +19,7 @@ from typing import NamedTuple
 CONTEXT_CHARS = 600  # of text before the cursor kept with each completion
 MATCH_LENGTHS = (48, 24, 12)  # characters of tail tried, longest first
 MIN_CONTINUATION = 2
-SELF_SEARCH_CHARS = 20_000  # of the current text searched for an earlier occurrence of its tail (callers pass no more)
+SELF_SEARCH_CHARS = 20_000  # of the current text searched for an earlier occurrence of its tail
 
 
 class Suggestion(NamedTuple):
