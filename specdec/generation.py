@@ -311,9 +311,9 @@ class Generation:
         if strategy == "ngram":
             paths += ngram_paths(self.committed, acceptance)
         drafter = self.eagle if self.eagle is not None else self.draft
-        if drafter is self.draft and drafter is not None:
-            self._catch_up()
         if drafter is not None:
+            if drafter is self.draft:
+                self._catch_up()
             # A draft token must pay for its draft forward and for its place in the tree; when
             # speculation is forced, costs are no concern, and the draft drafts while it is not guessing.
             floor = FORCED_DRAFT_FLOOR

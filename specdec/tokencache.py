@@ -50,8 +50,7 @@ class TokenCache:
             if found is not None:
                 self._held.move_to_end(text)
                 return found
-        encoding = self.tokenizer.encode(text, add_special_tokens=False)
-        found = (tuple(encoding.ids), tuple(encoding.offsets))
+        found = self._tokenized(text)
         with self._lock:
             if text not in self._held:
                 self._held[text] = found
@@ -67,9 +66,16 @@ class TokenCache:
         split = self._split_point(text) if self.splits_before_newlines else -1
         if split <= 0:
             return self.encode(text)
-        head_ids, head_offsets = self.encode(text[:split])
-        tail = self.tokenizer.encode(text[split:], add_special_tokens=False)
-        return head_ids + tuple(tail.ids), head_offsets + tuple((a + split, b + split) for a, b in tail.offsets)
+        return self._joined(self.encode(text[:split]), text, split)
+
+    def _tokenized(self, text: str) -> tuple[tuple, tuple]:
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        return tuple(encoding.ids), tuple(encoding.offsets)
+
+    def _joined(self, head: tuple[tuple, tuple], text: str, split: int) -> tuple[tuple, tuple]:
+        """(ids, offsets) of `text` from `head`, those of text[:split], and text[split:] tokenized now."""
+        tail_ids, tail_offsets = self._tokenized(text[split:])
+        return head[0] + tail_ids, head[1] + tuple((a + split, b + split) for a, b in tail_offsets)
 
     @staticmethod
     def _split_point(text: str) -> int:
@@ -85,11 +91,6 @@ class TokenCache:
         return -1
 
     def _splits_before_newlines(self, sample: str) -> bool:
-        whole = self.tokenizer.encode(sample, add_special_tokens=False)
-        for split in (i for i, c in enumerate(sample) if c == "\n" and i > 0 and not sample[i - 1].isspace()):
-            head = self.tokenizer.encode(sample[:split], add_special_tokens=False)
-            tail = self.tokenizer.encode(sample[split:], add_special_tokens=False)
-            offsets = head.offsets + [(a + split, b + split) for a, b in tail.offsets]
-            if head.ids + tail.ids != whole.ids or offsets != whole.offsets:
-                return False
-        return True
+        whole = self._tokenized(sample)
+        splits = (i for i, c in enumerate(sample) if c == "\n" and i > 0 and not sample[i - 1].isspace())
+        return all(self._joined(self._tokenized(sample[:split]), sample, split) == whole for split in splits)

@@ -20,21 +20,6 @@ class TokenTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add_path(self, tokens, source: str, probs, budget: int) -> int:
-        """Insert a path under the root, sharing existing prefixes; returns nodes added."""
-        node, added = 0, 0
-        for token, prob in zip(tokens, probs, strict=False):
-            child = self.children[node].get(token)
-            if child is None:
-                if len(self.tokens) >= budget:
-                    break
-                child = self.add_child(node, token, source, prob)
-                added += 1
-            else:
-                self.probs[child] = max(self.probs[child], prob)
-            node = child
-        return added
-
     def add_child(self, parent: int, token: int, source: str, prob: float) -> int:
         """A new node under `parent` (which has no child of this token yet); returns its index."""
         index = len(self.tokens)

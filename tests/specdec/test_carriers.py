@@ -234,7 +234,17 @@ def _grown_path_by_path(paths, cost, max_nodes, force):
     expected, best_rate, best_size = 0.0, 1.0 / cost(1), 1
     while heap and len(tree) < max_nodes:
         neg_p, i, depth = heapq.heappop(heap)
-        if tree.add_path(paths[i].tokens[: depth + 1], paths[i].source, paths[i].probs[: depth + 1], max_nodes):
+        node, added = 0, False
+        for token, prob in zip(paths[i].tokens[: depth + 1], paths[i].probs[: depth + 1], strict=True):
+            child = tree.children[node].get(token)
+            if child is None:
+                if len(tree) >= max_nodes:
+                    break
+                child, added = tree.add_child(node, token, paths[i].source, prob), True
+            else:
+                tree.probs[child] = max(tree.probs[child], prob)
+            node = child
+        if added:
             expected -= neg_p
             if (expected + 1.0) / cost(len(tree)) > best_rate:
                 best_rate, best_size = (expected + 1.0) / cost(len(tree)), len(tree)

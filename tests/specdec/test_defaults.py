@@ -159,7 +159,7 @@ def test_the_further_apart_the_step_speeds_the_rarer_the_exploration():
 
 def test_exploration_keeps_its_interval_while_the_measured_speeds_move():
     """Measured speeds move at every step, and with them the interval: explorations must still
-    come one per interval, not whenever a step count happens to fall on a moving modulo."""
+    come about one per interval."""
     import random
 
     from specdec.policy import SpeculationPolicy
