@@ -2,10 +2,13 @@
 
 Each function sends CUDA tensors to a Triton kernel and CPU tensors to its PyTorch reference;
 SPECDEC_KERNELS=triton|torch|auto overrides the choice, read once at load (see dispatch.py).
+On the CPU a long causal run's attention (a prompt's prefill) goes to the native library's
+kernel where it is built (attention_cpu.py).
 """
 
 import torch
 
+from kernels.attention_cpu import causal_attention_native
 from kernels.attention_torch import tree_attention_torch
 from kernels.dispatch import backend_for, configure_from_environment, set_backend
 from kernels.moe_torch import ExpertActivation, fused_moe_torch, moe_route_torch
@@ -88,4 +91,8 @@ def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, scale=None, 
         from kernels.triton_attention import tree_attention_triton
 
         return tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, scale)
+    if tree_mask is None:  # a causal run: a prompt's prefill
+        out = causal_attention_native(q, k_cache, v_cache, cache_lens, scale)
+        if out is not None:
+            return out
     return tree_attention_torch(q, k_cache, v_cache, cache_lens, tree_mask, scale)

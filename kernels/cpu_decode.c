@@ -254,7 +254,7 @@ static void attend_rows(AttendRow *rows, int R, const float *keys, const float *
                     rows[r].scores, rows[r].out);
 }
 
-int64_t specdec_abi_version(void) { return 5; }
+int64_t specdec_abi_version(void) { return 6; }
 
 /* Whether products read a matrix's bf16 copy (the vector build), so the binding makes one. */
 int64_t specdec_reads_bf16(void) {
@@ -432,3 +432,5 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
     free(scratch), free(indices), free(weights), free(causal), free(mask_of);
     return 0;
 }
+
+#include "cpu_prefill_attention.h" /* a long causal run's attention, for the eager prefill */

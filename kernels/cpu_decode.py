@@ -22,12 +22,13 @@ import torch  # noqa: F401  (loads the OpenMP runtime the library shares)
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
-HEADERS = [Path(__file__).with_name(name) for name in ("cpu_decode_vector.h", "cpu_decode_experts.h")]  # included by SOURCE
+HEADERS = [Path(__file__).with_name(name)  # included by SOURCE
+           for name in ("cpu_decode_vector.h", "cpu_decode_experts.h", "cpu_prefill_attention.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
 # glibc's vector math (libmvec) for the exponentials of the portable attention loop (the AVX2
 # passes use their own inline exp); a C library without it builds with scalar expf instead.
 VECTOR_MATH, NO_VECTOR_MATH = ["-lmvec"], ["-DSPECDEC_NO_MVEC"]
-ABI_VERSION = 5
+ABI_VERSION = 6
 MAX_EXPERTS, MAX_TOP_K = 256, 64  # the C step's fixed routing buffers
 
 
@@ -143,6 +144,11 @@ def library() -> ctypes.CDLL | None:
         lib.specdec_forward.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.POINTER(Seq), ctypes.c_int64,
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.specdec_causal_attention.restype = ctypes.c_int
+        lib.specdec_causal_attention.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                                 ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                                 ctypes.c_float, ctypes.c_int]
     except (OSError, RuntimeError) as error:
         _WHY_NOT.append(str(error))
         log.warning("native CPU step unavailable, decoding eagerly: %s", error)
