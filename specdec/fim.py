@@ -83,6 +83,16 @@ class PromptBuilder:
     def encode(self, text: str) -> list[int]:
         return self._encoding(text).ids if text else []
 
+    def _suffix_within(self, suffix: str, budget: int) -> tuple:
+        """The suffix's tokens, or, for a suffix far longer than the budget, only the first of
+        them: more than the budget, so that it does not fit either way, and all that is kept of
+        it (a quarter of the budget at most). The rest of a long file is not tokenized at all."""
+        if not self.format.bare_suffix:
+            head = self.pieces.encode_head(suffix, CHARS_PER_TOKEN_MAX * (budget + 1))
+            if head is not None and len(head[0]) > budget:
+                return head[0]
+        return self._encode_suffix(suffix)
+
     def _encode_suffix(self, text: str) -> tuple:
         """The suffix's tokens; for a sentencepiece family, without the space its tokenizer puts
         before the first word: encoded after a sentinel, whose own tokens are dropped."""
@@ -99,8 +109,8 @@ class PromptBuilder:
         """reserve: tokens kept for the context chunks however long the file is (a fixed number,
         so that the prefix's cut, and with it the prompt cache, stays put keystroke after keystroke);
         fim_mode: this prompt's order, one the family has (checked at submit), None for the builder's."""
-        suffix_ids = self._encode_suffix(suffix)
         budget = self.max_tokens - FIXED_TOKENS - min(reserve, self.max_tokens // 2)
+        suffix_ids = self._suffix_within(suffix, budget)
         keep_suffix = min(len(suffix_ids), budget // 4)
         prefix_ids, truncated, sized_by = self._prefix_within(prefix, budget - keep_suffix, budget - len(suffix_ids))
         if truncated:

@@ -68,6 +68,17 @@ class TokenCache:
             return self.encode(text)
         return self._joined(self.encode(text[:split]), text, split)
 
+    def encode_head(self, text: str, at_least: int) -> tuple[tuple, tuple] | None:
+        """(ids, offsets) of the lines of `text` up to the first split point at or after
+        `at_least` characters: exactly the first tokens of tokenizing `text` whole. None where
+        there is no such point (a shorter text, or a tokenizer that does not split there)."""
+        if not self.splits_before_newlines:
+            return None
+        newline = text.find("\n", max(at_least, 1))
+        while newline > 0 and text[newline - 1].isspace():
+            newline = text.find("\n", newline + 1)
+        return self.encode(text[:newline]) if newline > 0 else None
+
     def _tokenized(self, text: str) -> tuple[tuple, tuple]:
         encoding = self.tokenizer.encode(text, add_special_tokens=False)
         return tuple(encoding.ids), tuple(encoding.offsets)

@@ -95,3 +95,31 @@ def test_prompts_built_keystroke_by_keystroke_equal_prompts_built_cold(shipped_t
             cold = PromptBuilder(shipped_tokenizer, "spm", max_tokens=512)
             chunks = extra if rng.random() < 0.7 else extra[:1]
             assert warm.build(prefix, suffix, chunks, reserve=128) == cold.build(prefix, suffix, chunks, reserve=128)
+
+
+def test_the_head_of_a_text_is_the_first_tokens_of_the_whole(shipped_tokenizer):
+    cache = TokenCache(shipped_tokenizer)
+    text = "".join(p.read_text() for p in SOURCES[:4])
+    whole = _whole(shipped_tokenizer, text)
+    for at_least in (1, 500, 2999, len(text) // 2):
+        ids, offsets = cache.encode_head(text, at_least)
+        assert offsets[-1][1] >= at_least - 1 and len(ids) < len(whole[0])
+        assert (ids, offsets) == (whole[0][: len(ids)], whole[1][: len(ids)]), at_least
+    assert cache.encode_head(text[:400], 1000) is None  # nothing to cut
+    assert TokenCache(_joining_tokenizer()).encode_head(text, 500) is None
+
+
+@pytest.mark.parametrize("mode", ["spm", "psm"])
+def test_a_long_suffix_is_tokenized_only_as_far_as_the_prompt_can_use(shipped_tokenizer, monkeypatch, mode):
+    """Prompts equal those of a builder that tokenizes the whole suffix, at cursors near a long
+    file's top, and the rest of the file is never tokenized."""
+    text = "".join(p.read_text() for p in SOURCES[:6])
+    cut = PromptBuilder(shipped_tokenizer, mode, max_tokens=512)
+    whole = PromptBuilder(shipped_tokenizer, mode, max_tokens=512)
+    monkeypatch.setattr(whole.pieces, "encode_head", lambda text, at_least: None)
+    extra = [("util.py", SOURCES[7].read_text()[:700])]
+    for cursor in (0, 7, 1500, 4000, len(text) - 2500, len(text) - 300):
+        prefix, suffix = text[:cursor], text[cursor:]
+        for reserve in (0, 128):
+            assert cut.build(prefix, suffix, extra, reserve=reserve) == whole.build(prefix, suffix, extra, reserve=reserve)
+    assert all(len(held) < len(text) // 2 for held in cut.pieces._held)
