@@ -28,9 +28,9 @@ def write_markdown(results: dict, out: Path, command: str) -> None:
     for name, s in results["strategies"].items():
         c = s.get("context")
         if c and c["chunks_per_point"]:
-            timing = c["retrieval_ms"] or {"p50": 0.0, "p95": 0.0}
-            contexts.append(f"| {name} | {c['chunks_per_point']:.1f} | {c['tokens_per_point']:.0f} | "
-                            f"{timing['p50']:.2f} | {timing['p95']:.2f} |")
+            timing = c["retrieval_ms"]
+            p50, p95 = (f"{timing['p50']:.2f}", f"{timing['p95']:.2f}") if timing else ("-", "-")
+            contexts.append(f"| {name} | {c['chunks_per_point']:.1f} | {c['tokens_per_point']:.0f} | {p50} | {p95} |")
     if len(contexts) == 5:
         contexts = []
     load = results.get("expert_load", {}).get("max_over_mean_per_layer", [])

@@ -53,9 +53,12 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
         each.forget_history(None)  # the warm-up's completions must not be found again
     for i, point in enumerate(points):
         prepare_point(index, point)
-        for each in engines.values():
+        chosen_ms = {}  # context -> the time of the retrieval that chose this point's context
+        for label, each in engines.items():
             for context in contexts:  # prefill the prompt cache, like an editor's earlier keystrokes (each prompt)
-                _complete(each, index, point, "hybrid", 0, context)
+                warmed = _complete(each, index, point, "hybrid", 0, context)
+                if label is None:
+                    chosen_ms[context] = warmed.stats.retrieval_ms
         shown = None
         if typing_along:
             point, shown = _typed_along(engine, index, point, max_tokens)
@@ -69,7 +72,11 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
             if shown is not None:
                 each.history.record(None, shown[0], shown[1])
             result = _complete(each, index, point, strategy, max_tokens, context)
-            records[variant_name(strategy, context, contexts, label)].append(_record(point, result))
+            record = _record(point, result)
+            # The timed request reuses the context an earlier keystroke's request chose, as in an
+            # editor: the retrieval the point's figures report is that one.
+            record["retrieval_ms"] = record["retrieval_ms"] or chosen_ms.get(context, 0.0)
+            records[variant_name(strategy, context, contexts, label)].append(record)
         if baselines:
             reference = records["ar"][-1]
             for name, record in baselines.run(engine, point, reference).items():
@@ -152,7 +159,9 @@ def summarize(records: dict) -> dict:
 
 
 def _context_summary(rows) -> dict:
-    """Repository context per point: chunks and tokens in the prompt, retrieval time when it ran."""
+    """Repository context per point: chunks and tokens in the prompt, and the time of the
+    retrieval that chose them, over the points where one ran (a context kept from a point a few
+    lines above, as typing keeps it, took none)."""
     timed = [r["retrieval_ms"] for r in rows if r.get("retrieval_ms")]
     count = max(1, len(rows))
     return {"chunks_per_point": sum(r.get("context_chunks", 0) for r in rows) / count,

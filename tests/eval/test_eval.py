@@ -137,3 +137,18 @@ def test_other_drafts_run_interleaved_on_held_out_files(tiny_models, tmp_path):
     assert eval_main(["run", "--repo", str(repo), "--points", "2", "--out", str(out), "--target", str(tiny_models[0]),
                       "--drafts", f"adapted={other}"]) == 2
     assert eval_main(["run", "--repo", str(repo), "--points", "2", "--out", str(out), "--drafts", "bad"]) == 2
+
+
+def test_context_variants_report_the_retrieval_that_chose_their_context(tiny_models, tmp_path):
+    """The timed request reuses the context its point's earlier request retrieved (as typing
+    does), so the report's retrieval time is that retrieval's, not the reuse's zero."""
+    repo = _tiny_repo(tmp_path)
+    out = tmp_path / "out"
+    rc = eval_main(["run", "--repo", str(repo), "--points", "4", "--seed", "1", "--out", str(out), "--strategies", "ar",
+                    "--context", "auto,none", "--target", str(tiny_models[0]), "--max-tokens", "4"])
+    assert rc == 0
+    results = json.loads((out / "results.json").read_text())
+    auto, none = results["strategies"]["ar"]["context"], results["strategies"]["ar@none"]["context"]
+    assert auto["chunks_per_point"] > 0 and auto["retrieval_ms"]["p50"] > 0
+    assert none["chunks_per_point"] == 0 and none["retrieval_ms"] is None
+    assert "| ar | " in (out / "report.md").read_text().split("## Repository context")[1]
