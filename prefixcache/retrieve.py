@@ -129,7 +129,7 @@ class Retriever:
         names = words("\n".join(before_lines[-NEIGHBOURHOOD_LINES:]))
         imported = _imported_paths("\n".join(before_lines), self.texts)
         chunks = []
-        for name in names:
+        for name in sorted(names):  # a set's order changes from process to process (string hashing)
             for d in self.definitions.get(name, ())[:4]:
                 if d.path == path:
                     continue
@@ -146,7 +146,7 @@ class Retriever:
                 for key in posting:
                     if key[0] != path:
                         shared[key] = shared.get(key, 0) + 1
-        best = sorted(shared, key=lambda key: -shared[key])[: 8 * k]
+        best = sorted(shared, key=lambda key: (-shared[key], key))[: 8 * k]  # ties by place, not by hash order
         scored = sorted(((jaccard(near, self.windows[p][n].words), p, n) for p, n in best), reverse=True)[:k]
         return [self._chunk(p, self.windows[p][n].start, self.windows[p][n].end, "similar", score)
                 for score, p, n in scored if score > 0.05]
@@ -178,7 +178,7 @@ class Retriever:
 def _pack(found: list[Chunk], near: frozenset, budget_chars: int) -> list[Chunk]:
     """Best first into the budget, skipping near-duplicates of the neighbourhood and overlaps."""
     chosen, used = [], 0
-    for chunk in sorted(found, key=lambda c: -c.score):
+    for chunk in sorted(found, key=lambda c: (-c.score, c.path, c.start)):  # the same chunks in every process
         if not chunk.text.strip() or used + len(chunk.text) > budget_chars:
             continue
         if jaccard(words(chunk.text), near) > NEAR_DUPLICATE:

@@ -119,3 +119,30 @@ def test_a_changed_file_drops_its_old_definitions(repo):
     assert "def get_item" not in texts and "def put_item" in texts
     index.remove("pkg/store.py")
     assert all(c.path != "pkg/store.py" for c in index.retrieve(APP, "", path="pkg/app.py", budget_chars=4000))
+
+
+def test_the_same_context_in_every_process(tmp_path):
+    """Ties (definitions of names of one length, similar windows sharing as many words) are
+    broken by place, not by the order of a set of strings, which changes from process to process
+    with Python's string hashing: a restarted server, or a rerun evaluation, picks the same
+    chunks for the same cursor."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    names = ["alpha", "bravo", "delta", "gamma", "kappa", "omega"]
+    for name in names:
+        (tmp_path / f"{name}_mod.py").write_text(f"def {name}(rows):\n    total = len(rows)\n    return total\n")
+    cursor = "def main(rows):\n    " + "\n    ".join(f"x = {name}(rows)" for name in names) + "\n    y = "
+    (tmp_path / "main.py").write_text(cursor)
+    script = ("import json, sys; from prefixcache import Index; index = Index.build(sys.argv[1], workers=1); "
+              "print(json.dumps([(c.path, c.start) for c in index.retrieve(sys.argv[2], '', path='main.py', "
+              "budget_chars=150)]))")
+    picked = set()
+    for seed in ("1", "2", "3", "4"):
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path), cursor], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}, check=True)
+        picked.add(done.stdout)
+    assert len(picked) == 1, picked
+    assert len(json.loads(picked.pop())) >= 2  # the budget holds some of the tied chunks, not all
