@@ -62,6 +62,7 @@ class Retriever:
         self.windows: dict[str, list[Window]] = {}
         self.definitions: dict[str, list[Definition]] = {}  # name -> definitions
         self.names_of: dict[str, set] = {}  # path -> names it defines (what remove() must visit)
+        self.paths_by_tail: dict[str, set] = {}  # "b/c.py" -> {"b/c.py", "a/b/c.py", ...}: what an import names
         self.postings: dict[str, set] = {}  # word -> {(path, window number)}
         self.recent = deque(maxlen=max_recent)  # (path, start, end) of the latest edits
         self.window_count = 0
@@ -77,6 +78,8 @@ class Retriever:
             self.remove(path)
             lines = text.split("\n")
             self.texts[path] = lines
+            for tail in _tails(path):
+                self.paths_by_tail.setdefault(tail, set()).add(path)
             self.windows[path] = windows(path, text)
             self.window_count += len(self.windows[path])
             self.updates[path] = self.updates.get(path, 0) + 1
@@ -105,7 +108,12 @@ class Retriever:
                     self.definitions[name] = kept
                 else:
                     del self.definitions[name]
-            self.texts.pop(path, None)
+            if self.texts.pop(path, None) is not None:
+                for tail in _tails(path):
+                    holders = self.paths_by_tail[tail]
+                    holders.discard(path)
+                    if not holders:
+                        del self.paths_by_tail[tail]
 
     def generation(self, excluding: str | None = None) -> int:
         """Updates of files other than `excluding`: a context stays valid while this stays put."""
@@ -127,7 +135,7 @@ class Retriever:
 
     def _definitions_used(self, before_lines: list[str], path: str | None) -> list[Chunk]:
         names = words("\n".join(before_lines[-NEIGHBOURHOOD_LINES:]))
-        imported = _imported_paths("\n".join(before_lines), self.texts)
+        imported = _imported_paths("\n".join(before_lines), self.paths_by_tail)
         chunks = []
         for name in sorted(names):  # a set's order changes from process to process (string hashing)
             for d in self.definitions.get(name, ())[:4]:
@@ -208,14 +216,21 @@ def _definitions(path: str, text: str) -> list[Definition]:
     return out
 
 
-def _imported_paths(text: str, texts: dict) -> set:
-    """Repository files the text imports (Python's `from a.b import` / `import a.b`)."""
+def _imported_paths(text: str, paths_by_tail: dict) -> set:
+    """Repository files the text imports (Python's `from a.b import` / `import a.b`): looked up by
+    their path's tail, where a scan of every path for each import took most of a retrieval."""
     found = set()
     for match in _IMPORT.finditer(text):
         module = (match.group(1) or match.group(2)).lstrip(".").replace(".", "/")
         for candidate in (f"{module}.py", f"{module}/__init__.py"):
-            found.update(p for p in texts if p == candidate or p.endswith("/" + candidate))
+            found.update(paths_by_tail.get(candidate, ()))
     return found
+
+
+def _tails(path: str) -> list[str]:
+    """"a/b/c.py" -> ["a/b/c.py", "b/c.py", "c.py"]: every import path that can name the file."""
+    parts = path.split("/")
+    return ["/".join(parts[i:]) for i in range(len(parts))]
 
 
 def _changed_lines(old: list[str], new: list[str]) -> tuple[int, int]:

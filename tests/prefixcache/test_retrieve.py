@@ -146,3 +146,18 @@ def test_the_same_context_in_every_process(tmp_path):
         picked.add(done.stdout)
     assert len(picked) == 1, picked
     assert len(json.loads(picked.pop())) >= 2  # the budget holds some of the tied chunks, not all
+
+
+def test_imports_resolve_to_the_files_they_name_as_files_come_and_go():
+    from prefixcache.retrieve import Retriever, _imported_paths
+
+    retriever = Retriever()
+    for path in ("src/pkg/store.py", "pkg/store.py", "pkg/web/__init__.py", "other/restore.py"):
+        retriever.update(path, "x = 1\n", edited=False)
+    text = "import os\nfrom pkg.store import Store\nfrom .web import app\nimport pkg.web\n"
+    assert _imported_paths(text, retriever.paths_by_tail) == {"src/pkg/store.py", "pkg/store.py", "pkg/web/__init__.py"}
+    retriever.remove("pkg/store.py")
+    retriever.update("src/pkg/store.py", "y = 2\n")  # an edit keeps the file where it was
+    assert _imported_paths(text, retriever.paths_by_tail) == {"src/pkg/store.py", "pkg/web/__init__.py"}
+    retriever.remove("src/pkg/store.py")
+    assert "store.py" not in retriever.paths_by_tail  # nothing left behind for a gone file
