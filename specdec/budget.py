@@ -130,12 +130,13 @@ def non_decreasing_from_the_right(millis) -> list:
     return out
 
 
-def min_useful_prob(cost: VerifyCost) -> float:
-    """The acceptance chance below which one more tree token costs more than it brings."""
-    return max(0.0, (cost(2) - cost(1)) / cost(1))
+def min_useful_prob(cost: VerifyCost, riding: int = 0) -> float:
+    """The acceptance chance below which one more tree token costs more than it brings, in a
+    forward that carries `riding` tokens of other requests besides this one's."""
+    return max(0.0, (cost(riding + 2) - cost(riding + 1)) / cost(riding + 1))
 
 
-def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int, force: bool = False) -> None:
+def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int, force: bool = False, riding: int = 0) -> None:
     """Insert nodes of `paths` (DraftPaths) best-first up to the node budget, then keep the
     prefix of that order with the most expected tokens per millisecond, (E(n) + 1) / cost(n)
     (force: keep them all). One node at a time, a tree stopped at the first node that did not
@@ -143,9 +144,13 @@ def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int, force: bool = False
     experts, and later ones wake few more), so the long suggestion chains that pay as a whole
     were never built. A tree that pays at no size is the root alone (plain decoding).
 
+    riding: tokens of other requests (and prompt chunks) in the same forward. Their tokens wake
+    experts of their own, so this tree's tokens cost the step less than they would alone, and
+    the tree is priced at cost(riding + its size): under load it grows larger.
+
     Each heap entry carries the tree node its path has reached, so a node is placed in constant
     time: walking each path from the root again made a 64-token suggestion cost 2,000 lookups."""
-    costs = cost.table(max_nodes)
+    costs = cost.table(max_nodes + riding)[riding:]
     heap = [(-path.probs[0], i, 0, 0) for i, path in enumerate(paths) if path.tokens]
     heapq.heapify(heap)
     expected, best_rate, best_size = 0.0, 1.0 / costs[len(tree)], len(tree)

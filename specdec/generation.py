@@ -28,7 +28,7 @@ from specdec.eagle import EagleRunner
 from specdec.history import MATCH_LENGTHS, SELF_SEARCH_CHARS
 from specdec.model import Segment
 from specdec.options import CompletionOptions
-from specdec.policy import learn_acceptance, learn_draft
+from specdec.policy import learn_acceptance, learn_draft, speed_key
 from specdec.retrieval import CONTEXT_RESERVE_TOKENS
 from specdec.stats import Stats
 from specdec.stops import StopCut, rules_for
@@ -91,6 +91,7 @@ class Generation:
         self.max_tokens = options.max_tokens  # the scheduler may cap it under load (cap_tokens)
         self.text, self.final_text = "", None
         self.speculating = False
+        self.riding, self.speed_key = 0, speed_key(options.strategy, False)  # this step's company (see propose)
         self.repeat_only = False  # this step's tree holds only a long repeat (see _long_repeats)
         self.catch_up_ms = 0.0  # of this step's proposing, spent bringing the draft's cache up to the prompt
         self.stats = Stats()
@@ -251,13 +252,17 @@ class Generation:
     def healing_pending(self) -> bool:
         return not self.generated and self.prompt.allowed_first is not None
 
-    def propose(self) -> TokenTree:
-        """The token tree of this step: the sources' paths, grown within the verify budget."""
+    def propose(self, riding: int = 0) -> TokenTree:
+        """The token tree of this step: the sources' paths, grown within the verify budget.
+        riding: tokens of other requests in this step's forward (see grow_tree); a batched step's
+        speeds are learned apart from a lone one's, since its trees cost the step less."""
         engine, strategy = self.engine, self.options.strategy
         tree = TokenTree(self.committed[-1])
         self.catch_up_ms = 0.0
+        self.riding = riding
+        self.speed_key = speed_key(strategy, riding > 0)
         document_policy = self.policies[0]
-        self.speculating = strategy != "ar" and (not engine.adaptive or document_policy.should_speculate(strategy)
+        self.speculating = strategy != "ar" and (not engine.adaptive or document_policy.should_speculate(self.speed_key)
                                                  or self._along_a_suggestion(strategy))
         paths = self._paths(strategy, document_policy.acceptance) if self.speculating else self._long_repeats(strategy)
         self.repeat_only = not self.speculating and bool(paths)
@@ -266,7 +271,7 @@ class Generation:
         if self.healing_pending:
             allowed = set(self.prompt.allowed_first)
             paths = [p for p in paths if p.tokens and p.tokens[0] in allowed]
-        grow_tree(tree, paths, engine.verify_cost, engine.max_tree_nodes, force=not engine.adaptive)
+        grow_tree(tree, paths, engine.verify_cost, engine.max_tree_nodes, force=not engine.adaptive, riding=riding)
         self.stats.tree_nodes += len(tree)
         return tree
 
@@ -318,7 +323,8 @@ class Generation:
             # speculation is forced, costs are no concern, and the draft drafts while it is not guessing.
             floor = FORCED_DRAFT_FLOOR
             if engine.adaptive:
-                floor = max(engine.draft_min_prob, min_useful_prob(engine.verify_cost)) / acceptance.draft_scale
+                floor = max(engine.draft_min_prob, min_useful_prob(engine.verify_cost, self.riding))
+                floor /= acceptance.draft_scale
             first = self.prompt.allowed_first if self.healing_pending else None
             tokens, probs = drafter.chain(self.committed, engine.draft_depth, min(0.95, floor), first,
                                           engine.prompts.stop_ids)

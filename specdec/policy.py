@@ -129,6 +129,13 @@ class PolicyBook:
         return len(self._documents)
 
 
+def speed_key(strategy: str, batched: bool) -> str:
+    """Where a strategy's step speeds are kept: a step batched with other requests apart from a
+    lone one. In a batch the other requests' tokens have woken most experts, so a tree costs the
+    step less; one estimate for both would mix the two, by whatever share of steps ran batched."""
+    return f"{strategy} batched" if batched else strategy
+
+
 def learn_acceptance(policies, source: str, proposed_depth: int, accepted_depth: int, rate: float = 0.05) -> None:
     """One source's outcome in a step, into a document's policy and (more slowly) the prior."""
     for policy, share in _with_shares(policies):

@@ -160,9 +160,14 @@ class Scheduler:
         self._admit()
         chunks = self._prefill_chunks()
         trees, proposing_ms = [], []
-        for g in self._decoding():
+        decoding = self._decoding()
+        # Each request's tree rides with the other requests' tokens (at least their roots). A prompt
+        # chunk riding too is left out: it passes in a few steps, and priced in, it would make a
+        # tree of every guess the sources have.
+        riding = len(decoding) - 1
+        for g in decoding:
             started = time.perf_counter()
-            trees.append((g, g.propose()))
+            trees.append((g, g.propose(riding)))
             proposing_ms.append((time.perf_counter() - started) * 1000 - g.catch_up_ms)
         if chunks or trees:
             self._forward(chunks, trees, proposing_ms)
@@ -211,7 +216,7 @@ class Scheduler:
             proposing_ms = list(proposing_ms) or [0.0] * len(trees)
             for (g, _), count, own_ms in zip(trees, added, proposing_ms, strict=True):
                 if g.options.strategy != "ar" and not g.repeat_only:  # not a choice the policy made
-                    learn_step(g.policies, g.options.strategy, g.speculating, share + own_ms, count)
+                    learn_step(g.policies, g.speed_key, g.speculating, share + own_ms, count)
 
     def _decoding(self) -> list:
         """The decoding requests stepped now: those a user waits on (_waited_on), oldest first.

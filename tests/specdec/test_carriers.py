@@ -319,3 +319,33 @@ def test_a_request_may_choose_its_fim_order(engine, tiny_models):
         engine.submit(CompletionOptions(prefix, suffix, fim_mode="suffix_first"))
     with pytest.raises(OptionsError, match="fim_mode"):
         CompletionOptions(prefix, fim_mode="middle_first")
+
+
+def test_a_tree_riding_with_other_requests_is_priced_at_what_it_adds_to_their_step():
+    """Where other requests' tokens have woken the experts, a tree's tokens add little to the
+    step: nodes that do not pay alone pay there, and the draft's floor falls."""
+    from specdec.budget import SIZES, VerifyCost, grow_tree, min_useful_prob
+    from specdec.tree import TokenTree
+
+    # alone, the second token costs 60% of a step; among 4 requests' tokens, about 10% of their step
+    cost = VerifyCost(SIZES, [2.0, 3.2, 4.2, 5.0, 5.4, 5.8, 6.6, 7.4, 9.0, 10.6])
+    unlikely = [DraftPath("trie", [1, 2, 3], [0.3, 0.25, 0.2])]
+    alone, batched = TokenTree(0), TokenTree(0)
+    grow_tree(alone, unlikely, cost, 64)
+    grow_tree(batched, unlikely, cost, 64, riding=3)
+    assert len(alone) == 1 and len(batched) == 4
+    assert min_useful_prob(cost) > 0.5 > 0.3 > min_useful_prob(cost, riding=3)
+
+
+def test_batched_steps_learn_their_speeds_apart_from_lone_steps():
+    from specdec.policy import SpeculationPolicy, speed_key
+
+    policy = SpeculationPolicy()
+    for _ in range(5):
+        policy.record_step(speed_key("hybrid", False), True, 3.0, 1)  # alone, a tree costs more than it brings
+        policy.record_step(speed_key("hybrid", False), False, 1.5, 1)
+        policy.record_step(speed_key("hybrid", True), True, 2.0, 2)  # in a batch it pays
+        policy.record_step(speed_key("hybrid", True), False, 1.8, 1)
+    assert set(policy.step_speed) == {"hybrid", "hybrid batched"}
+    assert policy.step_speed["hybrid"]["spec"] > policy.step_speed["hybrid"]["plain"]
+    assert policy.step_speed["hybrid batched"]["spec"] < policy.step_speed["hybrid batched"]["plain"]

@@ -149,3 +149,20 @@ def test_a_request_a_user_waits_on_goes_before_a_burst_of_keystrokes(tiny_models
     assert burst in scheduler._decoding() or burst.is_finished
     busy.request_cancel()
     scheduler.run_until_done([waited_on, burst])
+
+
+def test_requests_decoding_together_price_their_trees_as_riding_together(tiny_models, monkeypatch):
+    """Each request's tree is told how many other requests' tokens share its step, and the
+    policy keeps those steps' speeds apart."""
+    from specdec.generation import Generation
+
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]))
+    seen = []
+    real = Generation.propose
+    monkeypatch.setattr(Generation, "propose", lambda self, riding=0: seen.append(riding) or real(self, riding))
+    gens = [generation(engine, p, s, max_tokens=6, mode="multi", strategy="draft", document=f"d{i}")
+            for i, (_, p, s) in enumerate(code_prompts(3, seed=11, before=400))]
+    with torch.inference_mode():
+        engine.scheduler.run_until_done(gens)
+    assert 2 in seen  # three requests decoding: two others ride with each tree
+    assert any(key.endswith(" batched") for key in engine.policies.prior.step_speed)
