@@ -144,13 +144,14 @@ def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int, force: bool = False
     experts, and later ones wake few more), so the long suggestion chains that pay as a whole
     were never built. A tree that pays at no size is the root alone (plain decoding).
 
-    riding: tokens of other requests (and prompt chunks) in the same forward. Their tokens wake
-    experts of their own, so this tree's tokens cost the step less than they would alone, and
-    the tree is priced at cost(riding + its size): under load it grows larger.
+    riding: tokens of other requests in the same forward. Their tokens wake experts of their
+    own, so this tree's tokens cost the step less than they would alone, and the tree is priced
+    at cost(riding + its size): under load it grows larger.
 
     Each heap entry carries the tree node its path has reached, so a node is placed in constant
     time: walking each path from the root again made a 64-token suggestion cost 2,000 lookups."""
-    costs = cost.table(max_nodes + riding)[riding:]
+    costs = cost.table(max_nodes + riding)
+    costs = costs[riding:] if riding else costs
     heap = [(-path.probs[0], i, 0, 0) for i, path in enumerate(paths) if path.tokens]
     heapq.heapify(heap)
     expected, best_rate, best_size = 0.0, 1.0 / costs[len(tree)], len(tree)
