@@ -447,6 +447,9 @@ class Transformer(nn.Module):
         Writes the new tokens' keys and values into each segment's cache as pending entries;
         the caller keeps or drops them (KVCache.keep / keep_all).
         """
+        if input_ids.numel() == 0:  # nothing new: no rows to write, no logits (the kernels want tokens)
+            self.captured = None
+            return torch.zeros(0, self.config.vocab_size, dtype=torch.float32, device=input_ids.device)
         native = self.native_step
         if native is not None and native.takes(input_ids, segments, logits_rows):
             logits = native(input_ids, positions, segments, logits_rows)

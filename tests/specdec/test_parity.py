@@ -258,3 +258,15 @@ def test_fp8_block_scaled_weights_load_as_decoded(hf_checkpoints, tmp_path):
     save_file(orphan, str(tmp_path / "fp8" / "model.safetensors"))
     with pytest.raises(ValueError, match="without their block scales"):
         load_model(tmp_path / "fp8")
+
+
+def test_a_forward_of_no_new_tokens_gives_no_logits_and_keeps_the_cache(hf_checkpoints):
+    model = load_model(hf_checkpoints["qwen3_moe"][0])
+    cache = model.new_cache()
+    model(torch.arange(5), torch.arange(5), [Segment(cache, 5)])
+    cache.keep_all()
+    empty = torch.zeros(0, dtype=torch.long)
+    out = model(empty, empty, [Segment(cache, 0)])
+    assert out.shape == (0, model.config.vocab_size) and cache.length == 5
+    assert _rel_err(model(torch.tensor([7]), torch.tensor([5]), [Segment(cache, 1)])[0],
+                    model.logits(torch.tensor([[0, 1, 2, 3, 4, 7]]))[0, -1]) < 1e-4
