@@ -45,21 +45,29 @@ static inline __attribute__((always_inline)) void tile_input_major(const void *w
     }
 }
 
-/* Sixteen rows from `r` for all n tokens, six at a time. */
+/* Sixteen outputs (w's columns, s_col apart by input) for all n tokens, six at a time; Y's
+ * first output column is where w's first lies. */
+static inline __attribute__((always_inline)) void tiles_input_major(const void *w, int64_t s_col, int64_t cols,
+                                                                    const float *X, int64_t ldx, float *Y,
+                                                                    int64_t ldy, int64_t n, const int half) {
+    int64_t t = 0;
+    for (; t + 6 <= n; t += 6) tile_input_major(w, s_col, cols, X + t * ldx, ldx, Y + t * ldy, ldy, 6, half);
+    X += t * ldx, Y += t * ldy;
+    switch (n - t) {
+    case 5: tile_input_major(w, s_col, cols, X, ldx, Y, ldy, 5, half); break;
+    case 4: tile_input_major(w, s_col, cols, X, ldx, Y, ldy, 4, half); break;
+    case 3: tile_input_major(w, s_col, cols, X, ldx, Y, ldy, 3, half); break;
+    case 2: tile_input_major(w, s_col, cols, X, ldx, Y, ldy, 2, half); break;
+    case 1: tile_input_major(w, s_col, cols, X, ldx, Y, ldy, 1, half); break;
+    }
+}
+
+/* Sixteen rows from `r` for all n tokens. */
 static inline __attribute__((always_inline)) void panel_input_major(const Mat *m, int64_t r, const float *X,
                                                                     int64_t ldx, float *Y, int64_t ldy, int64_t n,
                                                                     const int half) {
     const void *w = half ? (const void *)(m->half + r) : (const void *)(m->w + r);
-    int64_t t = 0;
-    for (; t + 6 <= n; t += 6) tile_input_major(w, m->s_col, m->cols, X + t * ldx, ldx, Y + t * ldy + r, ldy, 6, half);
-    X += t * ldx, Y += t * ldy + r;
-    switch (n - t) {
-    case 5: tile_input_major(w, m->s_col, m->cols, X, ldx, Y, ldy, 5, half); break;
-    case 4: tile_input_major(w, m->s_col, m->cols, X, ldx, Y, ldy, 4, half); break;
-    case 3: tile_input_major(w, m->s_col, m->cols, X, ldx, Y, ldy, 3, half); break;
-    case 2: tile_input_major(w, m->s_col, m->cols, X, ldx, Y, ldy, 2, half); break;
-    case 1: tile_input_major(w, m->s_col, m->cols, X, ldx, Y, ldy, 1, half); break;
-    }
+    tiles_input_major(w, m->s_col, m->cols, X, ldx, Y + r, ldy, n, half);
 }
 
 static void gemm_input_major(const Mat *m, const float *X, int64_t ldx, float *Y, int64_t ldy, int64_t n,
@@ -292,8 +300,10 @@ WEIGH_ALL(13, 1) WEIGH_ALL(14, 1) WEIGH_ALL(15, 1) WEIGH_ALL(16, 1)
  * a row scored here and a row scored by scores_exact get the very same numbers. */
 #define TRANSPOSE_ROWS 8 /* rows in a pass from which the keys are transposed */
 
-/* kt[(b * dim + d) * 8 + l] = keys[(8 b + l) * dim + d] for the chunk's keys, zeros past `valid`. */
-static void transpose_chunk(const float *keys, int64_t valid, int64_t dim, float *kt) {
+/* The chunk's keys transposed `lanes` (8 or 16) at a time, zeros past `valid`: with 8,
+ * kt[(b * dim + d) * 8 + l] = keys[(8 b + l) * dim + d]; with 16, each dimension's row holds
+ * sixteen keys, kt[(k / 16 * dim + d) * 16 + k % 16] = keys[k * dim + d]. */
+static void transpose_chunk(const float *keys, int64_t valid, int64_t dim, float *kt, const int lanes) {
     for (int64_t b = 0; b < KEY_CHUNK / 8; b++)
         for (int64_t d = 0; d < dim; d += 8) {
             __m256 r[8];
@@ -307,15 +317,16 @@ static void transpose_chunk(const float *keys, int64_t valid, int64_t dim, float
             const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
             const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
             const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-            float *out = kt + (b * dim + d) * 8;
-            _mm256_storeu_ps(out + 0, _mm256_permute2f128_ps(s0, s4, 0x20));
-            _mm256_storeu_ps(out + 8, _mm256_permute2f128_ps(s1, s5, 0x20));
-            _mm256_storeu_ps(out + 16, _mm256_permute2f128_ps(s2, s6, 0x20));
-            _mm256_storeu_ps(out + 24, _mm256_permute2f128_ps(s3, s7, 0x20));
-            _mm256_storeu_ps(out + 32, _mm256_permute2f128_ps(s0, s4, 0x31));
-            _mm256_storeu_ps(out + 40, _mm256_permute2f128_ps(s1, s5, 0x31));
-            _mm256_storeu_ps(out + 48, _mm256_permute2f128_ps(s2, s6, 0x31));
-            _mm256_storeu_ps(out + 56, _mm256_permute2f128_ps(s3, s7, 0x31));
+            const int per_row = lanes / 8; /* blocks of eight keys side by side in a row */
+            float *out = kt + (b / per_row * dim + d) * lanes + b % per_row * 8;
+            _mm256_storeu_ps(out + 0 * lanes, _mm256_permute2f128_ps(s0, s4, 0x20));
+            _mm256_storeu_ps(out + 1 * lanes, _mm256_permute2f128_ps(s1, s5, 0x20));
+            _mm256_storeu_ps(out + 2 * lanes, _mm256_permute2f128_ps(s2, s6, 0x20));
+            _mm256_storeu_ps(out + 3 * lanes, _mm256_permute2f128_ps(s3, s7, 0x20));
+            _mm256_storeu_ps(out + 4 * lanes, _mm256_permute2f128_ps(s0, s4, 0x31));
+            _mm256_storeu_ps(out + 5 * lanes, _mm256_permute2f128_ps(s1, s5, 0x31));
+            _mm256_storeu_ps(out + 6 * lanes, _mm256_permute2f128_ps(s2, s6, 0x31));
+            _mm256_storeu_ps(out + 7 * lanes, _mm256_permute2f128_ps(s3, s7, 0x31));
         }
 }
 
@@ -380,7 +391,7 @@ static void attend_rows_exact(AttendRow *rows, int R, const float *keys, const f
     } else {
         float kt[KEY_CHUNK * 128] __attribute__((aligned(32)));
         for (int64_t at = 0; at < longest; at += KEY_CHUNK) {
-            transpose_chunk(keys + at * dim, longest - at < KEY_CHUNK ? longest - at : KEY_CHUNK, dim, kt);
+            transpose_chunk(keys + at * dim, longest - at < KEY_CHUNK ? longest - at : KEY_CHUNK, dim, kt, 8);
             for (int r = 0; r < R; r++)
                 if (rows[r].count > at) score_row(rows + r, at, kt, dim, factor, 4);
         }

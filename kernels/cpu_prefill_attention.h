@@ -3,8 +3,9 @@
  *
  * PyTorch's CPU flash kernel is slow at the narrow heads of small models: at a head width of 32,
  * a 1,000-token prompt's attention cost as much as all its products. Here the pairs go
- * through register tiles: scores as 6 queries by 16 keys (the keys transposed once per call, so
- * each d step is two loads of keys, six broadcasts and twelve FMAs), the online softmax a block
+ * through register tiles: scores as 6 queries by 16 keys, the products' own input-major tile (the
+ * keys transposed once per call, so each d step is two loads of keys, six broadcasts and twelve
+ * FMAs), the online softmax a block
  * of keys at a time, and the weighted values as 3 queries by 32 dimensions. Queries are taken in
  * units of one kv head and a block of consecutive tokens (the group's heads of each), which the
  * threads share out, the longest first, since later tokens see more keys.
@@ -17,57 +18,10 @@
 #define PF_KEY_BLOCK KEY_CHUNK /* keys per block of the online softmax (64: a multiple of 16) */
 
 typedef struct {
-    const float *kt;     /* this kv head's keys, eight at a time transposed: kt[(key / 8 * dim + d) * 8 + key % 8] */
+    const float *kt;     /* this kv head's keys, sixteen at a time transposed: kt[(key / 16 * dim + d) * 16 + key % 16] */
     const float *values; /* [keys, dim] rows */
     int64_t dim;
 } PrefillHead;
-
-/* Scores of M query rows (q [M][dim], already scaled) against 16 keys from `key`, into
- * s[m][0..16). DIM > 0 fixes the head's width at compile time (the d loop unrolled); 0 reads it. */
-static inline __attribute__((always_inline)) void pf_score_tile(const float *q, const PrefillHead *h, int64_t key,
-                                                                float *s, int64_t s_stride, const int M, const int DIM) {
-    __m256 acc[6][2];
-    const int64_t dim = DIM ? DIM : h->dim;
-#pragma GCC unroll 6
-    for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-    const float *kt = h->kt + key * dim; /* its first eight keys, then the next eight */
-#pragma GCC unroll 32
-    for (int64_t d = 0; d < dim; d++) {
-        const __m256 k0 = _mm256_loadu_ps(kt + 8 * d), k1 = _mm256_loadu_ps(kt + 8 * (dim + d));
-#pragma GCC unroll 6
-        for (int m = 0; m < M; m++) {
-            const __m256 qd = _mm256_broadcast_ss(q + m * dim + d);
-            acc[m][0] = _mm256_fmadd_ps(qd, k0, acc[m][0]);
-            acc[m][1] = _mm256_fmadd_ps(qd, k1, acc[m][1]);
-        }
-    }
-#pragma GCC unroll 6
-    for (int m = 0; m < M; m++) {
-        _mm256_storeu_ps(s + m * s_stride, acc[m][0]);
-        _mm256_storeu_ps(s + m * s_stride + 8, acc[m][1]);
-    }
-}
-
-/* The scores of R rows against `tiles` tiles of 16 keys from `key`: six rows a tile, then the rest together. */
-static inline __attribute__((always_inline)) void pf_score_rows(const float *q, int R, const PrefillHead *h,
-                                                                int64_t key, int64_t tiles, float *s, int64_t S,
-                                                                const int DIM) {
-    const int64_t dim = h->dim;
-    int r = 0;
-    for (; r + 6 <= R; r += 6)
-        for (int64_t t = 0; t < tiles; t++) pf_score_tile(q + r * dim, h, key + 16 * t, s + r * S + 16 * t, S, 6, DIM);
-    for (int64_t t = 0; r < R && t < tiles; t++) {
-        const float *qr = q + r * dim;
-        float *sr = s + r * S + 16 * t;
-        switch (R - r) {
-        case 5: pf_score_tile(qr, h, key + 16 * t, sr, S, 5, DIM); break;
-        case 4: pf_score_tile(qr, h, key + 16 * t, sr, S, 4, DIM); break;
-        case 3: pf_score_tile(qr, h, key + 16 * t, sr, S, 3, DIM); break;
-        case 2: pf_score_tile(qr, h, key + 16 * t, sr, S, 2, DIM); break;
-        default: pf_score_tile(qr, h, key + 16 * t, sr, S, 1, DIM); break;
-        }
-    }
-}
 
 /* o[m][c .. c + 8 V) += sum_{j < keys} p[m][j] values[j][c ..] for M rows. */
 static inline __attribute__((always_inline)) void pf_weigh_tile(const float *p, int64_t p_stride, const float *values,
@@ -96,31 +50,26 @@ static inline __attribute__((always_inline)) void pf_weigh_tile(const float *p, 
         for (int v = 0; v < V; v++) _mm256_storeu_ps(o + m * dim + c + 8 * v, acc[m][v]);
 }
 
+/* pf_weigh_tile with the width V (1 to 4 vectors) a compile-time constant. */
+static inline __attribute__((always_inline)) void pf_weigh_tiles(const float *p, int64_t p_stride,
+                                                                  const float *values, int64_t dim, int64_t keys,
+                                                                  float *o, int64_t c, const int M, int V) {
+    switch (V) {
+    case 4: pf_weigh_tile(p, p_stride, values, dim, keys, o, c, M, 4); break;
+    case 3: pf_weigh_tile(p, p_stride, values, dim, keys, o, c, M, 3); break;
+    case 2: pf_weigh_tile(p, p_stride, values, dim, keys, o, c, M, 2); break;
+    default: pf_weigh_tile(p, p_stride, values, dim, keys, o, c, M, 1); break;
+    }
+}
+
+/* The weighted values of `rows` rows, 32 dimensions at a time, three rows a tile, then one by one. */
 static void pf_weigh_rows(const float *p, int64_t p_stride, const float *values, int64_t dim, int64_t keys, float *o,
                           int rows) {
     for (int64_t c = 0; c < dim; c += 32) {
         const int V = dim - c >= 32 ? 4 : (int)((dim - c) / 8);
         int r = 0;
-        for (; r + 3 <= rows; r += 3) {
-            const float *pr = p + r * p_stride;
-            float *orow = o + r * dim;
-            switch (V) {
-            case 4: pf_weigh_tile(pr, p_stride, values, dim, keys, orow, c, 3, 4); break;
-            case 3: pf_weigh_tile(pr, p_stride, values, dim, keys, orow, c, 3, 3); break;
-            case 2: pf_weigh_tile(pr, p_stride, values, dim, keys, orow, c, 3, 2); break;
-            default: pf_weigh_tile(pr, p_stride, values, dim, keys, orow, c, 3, 1); break;
-            }
-        }
-        for (; r < rows; r++) {
-            const float *pr = p + r * p_stride;
-            float *orow = o + r * dim;
-            switch (V) {
-            case 4: pf_weigh_tile(pr, p_stride, values, dim, keys, orow, c, 1, 4); break;
-            case 3: pf_weigh_tile(pr, p_stride, values, dim, keys, orow, c, 1, 3); break;
-            case 2: pf_weigh_tile(pr, p_stride, values, dim, keys, orow, c, 1, 2); break;
-            default: pf_weigh_tile(pr, p_stride, values, dim, keys, orow, c, 1, 1); break;
-            }
-        }
+        for (; r + 3 <= rows; r += 3) pf_weigh_tiles(p + r * p_stride, p_stride, values, dim, keys, o + r * dim, c, 3, V);
+        for (; r < rows; r++) pf_weigh_tiles(p + r * p_stride, p_stride, values, dim, keys, o + r * dim, c, 1, V);
     }
 }
 
@@ -133,12 +82,10 @@ static void pf_key_block(const float *q, int R, const int64_t *limit, const Pref
     for (int r = 0; r < R; r++) reach = limit[r] - key > reach ? limit[r] - key : reach;
     reach = reach < S ? reach : S;
     const int64_t tiles = (reach + 15) / 16;
-    switch (dim) { /* the common widths unrolled */
-    case 32: pf_score_rows(q, R, h, key, tiles, s, S, 32); break;
-    case 64: pf_score_rows(q, R, h, key, tiles, s, S, 64); break;
-    case 128: pf_score_rows(q, R, h, key, tiles, s, S, 128); break;
-    default: pf_score_rows(q, R, h, key, tiles, s, S, 0); break;
-    }
+    /* a tile of sixteen keys is an input-major matrix product: the queries' dimensions against
+     * the keys' transposed rows, six queries at a time */
+    for (int64_t t = 0; t < tiles; t++)
+        tiles_input_major(h->kt + (key + 16 * t) * dim, 16, dim, q, dim, s + 16 * t, S, R, 0);
     const int64_t padded = tiles * 16;
     for (int r = 0; r < R; r++) {
         float *row = s + r * S;
@@ -197,7 +144,7 @@ int specdec_causal_attention(const float *q, int64_t q_head, int64_t q_token, co
         for (int64_t c = 0; c < kv_heads * chunks; c++) { /* transpose_chunk's chunks are PF_KEY_BLOCK keys */
             const int64_t hk = c / chunks, at = c % chunks * PF_KEY_BLOCK;
             transpose_chunk(keys + (hk * capacity + at) * dim, length - at < PF_KEY_BLOCK ? length - at : PF_KEY_BLOCK,
-                            dim, kt + hk * kt_stride + at * dim);
+                            dim, kt + hk * kt_stride + at * dim, 16);
         }
         float *qs = work + omp_get_thread_num() * floats_per_thread;
         float *o = qs + R_max * dim, *s = o + R_max * dim, *peak = s + R_max * PF_KEY_BLOCK, *total = peak + R_max;
