@@ -75,7 +75,7 @@ class TokenCache:
         if not self.splits_before_newlines:
             return None
         newline = text.find("\n", max(at_least, 1))
-        while newline > 0 and text[newline - 1].isspace():
+        while newline > 0 and not _splits_before(text, newline):
             newline = text.find("\n", newline + 1)
         return self.encode(text[:newline]) if newline > 0 else None
 
@@ -96,12 +96,17 @@ class TokenCache:
             newline = text.rfind("\n", 0, end)
             if newline <= 0:
                 return -1
-            if not text[newline - 1].isspace():
+            if _splits_before(text, newline):
                 return newline
             end = newline
         return -1
 
     def _splits_before_newlines(self, sample: str) -> bool:
         whole = self._tokenized(sample)
-        splits = (i for i, c in enumerate(sample) if c == "\n" and i > 0 and not sample[i - 1].isspace())
+        splits = (i for i, c in enumerate(sample) if c == "\n" and _splits_before(sample, i))
         return all(self._joined(self._tokenized(sample[:split]), sample, split) == whole for split in splits)
+
+
+def _splits_before(text: str, newline: int) -> bool:
+    """The split rule the check verifies: a newline that follows a visible character."""
+    return newline > 0 and not text[newline - 1].isspace()
