@@ -17,6 +17,7 @@ import bisect
 import zlib
 from dataclasses import dataclass
 
+from specdec.detokenize import token_bytes
 from specdec.fim_formats import FimFormat, FimFormatError, detect, order
 from specdec.tokencache import TokenCache
 
@@ -74,6 +75,7 @@ class PromptBuilder:
         if self.format.eot[0] not in self.special:
             raise PromptError(f"tokenizer lacks the special tokens {[self.format.eot[0]]}")
         self.vocab_text = token_texts(tokenizer)
+        self.token_bytes = token_bytes(tokenizer, self.vocab_text)  # for TextStream: None where decoding is not bytes end to end
         self.stop_ids = set(self.special.values())  # every special token of the format ends a completion
         # Token texts in sorted order: the tokens that start with a text form one range of it.
         ranked = sorted((t, i) for i, t in enumerate(self.vocab_text) if i not in self.stop_ids)

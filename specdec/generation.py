@@ -23,6 +23,7 @@ import torch
 
 from specdec.accept import Sampling, Uniforms, accept
 from specdec.budget import grow_tree, min_useful_prob
+from specdec.detokenize import TextStream
 from specdec.drafting import DraftPath, DraftRunner, branch_paths, history_paths, ngram_paths, trie_paths
 from specdec.eagle import EagleRunner
 from specdec.history import MATCH_LENGTHS, SELF_SEARCH_CHARS
@@ -88,6 +89,7 @@ class Generation:
         self.uniforms = Uniforms(options.seed)
         self.rules = rules_for(options.prefix, options.suffix, options.mode, options.n_indent, options.stop)
         self.generated: list[int] = []
+        self.stream = TextStream(engine.prompts.tokenizer, engine.prompts.token_bytes)  # the text of generated
         self.max_tokens = options.max_tokens  # the scheduler may cap it under load (cap_tokens)
         self.text, self.final_text = "", None
         self.speculating = False
@@ -388,7 +390,7 @@ class Generation:
             self.finish("eos")
             return True
         self.generated.append(token)
-        decoded = self.engine.prompts.tokenizer.decode(self.generated, skip_special_tokens=False)
+        decoded = self.stream.append(token)
         self.text = decoded[len(self.prompt.healed_text) :]
         cut = self.rules.cut(self.text)
         if cut.position is not None:
