@@ -47,7 +47,7 @@ def serve_and_log(engine, index, points, max_tokens: int, seed: int) -> list[dic
         out = forward(ids, positions, segments, logits_rows=logits_rows)
         millis = (time.perf_counter() - started) * 1000
         if current["request"] and logits_rows is None and len(segments) == 1 and ids.numel() <= max(SIZES):
-            routes = [block.latest_ids.tolist() for block in target.moe_blocks()]
+            routes = [ids.tolist() for ids in target.latest_routes()]
             logged.append({"n": ids.numel(), "cached": int(positions[0]), "ms": millis, "ids": routes,
                            "request": current["request"]})
         return out

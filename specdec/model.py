@@ -9,13 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import kernels
 from specdec.config import ModelConfig
+from specdec.expert_stats import ExpertStatistics
 from specdec.kvcache import KVCache, under_inference_mode
 from specdec.ops import (
     CpuLogitsHead,
@@ -277,8 +277,8 @@ class SparseMoeBlock(nn.Module):
         return (weights * self.routed_scale if self.routed_scale != 1.0 else weights), ids
 
     def file_ids(self, ids) -> None:
-        """Keep a forward's expert ids [N, A] for the load statistics (the native step files its
-        own)."""
+        """Keep an eager forward's expert ids [N, A] for the load statistics (the native step
+        files all layers' at once on the model: specdec/expert_stats.py)."""
         self.__dict__["latest_ids"] = ids  # a plain attribute: nn.Module's setattr costs more than the rest
         self.uncounted_ids.append(ids)
         if len(self.uncounted_ids) >= self.COUNT_EVERY:
@@ -373,7 +373,7 @@ class StepParts(NamedTuple):
 EAGER_STEP = StepParts(_first, _seam, _last)
 
 
-class Transformer(nn.Module):
+class Transformer(ExpertStatistics, nn.Module):
     step = EAGER_STEP  # an instance's own StepParts once compiled (specdec/compiled.py)
     native_step = None  # short steps (decode, verify, batched users) in one native call (specdec/native.py)
 
@@ -455,6 +455,7 @@ class Transformer(nn.Module):
             logits = native(input_ids, positions, segments, logits_rows)
             if logits is not None:
                 return logits
+        self.forget_native_routes()
         for seg in segments:
             seg.cache.reserve(seg.length)
         step, layers = self.step, self.model.layers
@@ -484,34 +485,3 @@ class Transformer(nn.Module):
         if blocks is None:
             blocks = self.__dict__["_moe_blocks"] = [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
         return blocks
-
-    def expert_load(self) -> torch.Tensor:
-        """[num_moe_layers, E] tokens routed to each expert since the last reset."""
-        blocks = self.moe_blocks()
-        if not blocks:
-            return torch.zeros(0, 0, dtype=torch.long)
-        for block in blocks:
-            block.count_routed()
-        return torch.stack([b.tokens_per_expert for b in blocks])
-
-    def experts_woken(self) -> int:
-        """Distinct experts the latest forward ran, summed over the MoE layers (what a verify
-        pass costs on a memory-bound device: each woken expert's weights are read once)."""
-        latest = [b.latest_ids for b in self.moe_blocks() if b.latest_ids is not None]
-        if not latest:
-            return 0
-        if latest[0].shape[0] == 1:  # one token (a decode step): its top-k experts are distinct
-            return sum(ids.numel() for ids in latest)
-        if latest[0].device.type == "cpu":  # numpy: torch's per-op overhead was most of a tree step's statistics
-            woken = np.zeros((len(latest), self.config.num_experts), dtype=bool)
-            for layer, ids in enumerate(latest):
-                woken[layer, ids.numpy().reshape(-1)] = True
-            return int(np.count_nonzero(woken))
-        ids = torch.stack([i.reshape(-1) for i in latest])  # [layers, N*A]: every layer ran the same tokens
-        woken = torch.zeros(ids.shape[0], self.config.num_experts, dtype=torch.bool, device=ids.device)
-        return int(woken.scatter_(1, ids, True).sum())
-
-    def reset_expert_load(self) -> None:
-        for block in self.moe_blocks():
-            block.latest_ids, block.uncounted_ids = None, []
-            block.tokens_per_expert.zero_()

@@ -146,8 +146,8 @@ class NativeStep:
         if status:  # its scratch memory (attention scores grow with the cache) was refused
             log.warning("the native step could not allocate its scratch memory; this step runs eagerly")
             return None
-        for block, block_ids in zip(self.moe_blocks, ids, strict=True):
-            block.file_ids(block_ids)
+        if self.moe_blocks:
+            self.model.file_native_routes(ids)
         self.model.__dict__["captured"] = captured  # a plain attribute: skips nn.Module's slower setattr
         return logits
 

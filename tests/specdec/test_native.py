@@ -80,7 +80,7 @@ def test_experts_woken_by_a_verify_pass_are_the_distinct_layer_expert_pairs(hf_c
     ids = torch.randint(0, 97, (7,), generator=torch.Generator().manual_seed(6))
     cache = model.new_cache(16)
     model(ids, torch.arange(7), [Segment(cache, 7)])
-    pairs = {(layer, e) for layer, block in enumerate(model.moe_blocks()) for e in block.latest_ids.reshape(-1).tolist()}
+    pairs = {(layer, e) for layer, ids in enumerate(model.latest_routes()) for e in ids.reshape(-1).tolist()}
     assert model.experts_woken() == len(pairs) > len(model.moe_blocks()) * 2
 
 
