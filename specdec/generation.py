@@ -85,6 +85,7 @@ class Generation:
         self.prompt = None
         self.committed: list[int] = []  # prompt then generated tokens (the target's sequence)
         self.cache = self.draft = self.eagle = self.spare = None
+        self._plain = None  # a plain step's token and position tensors, reused (see _root_alone)
         self.sampling = Sampling(options.temperature, options.top_p, options.top_k)
         self.uniforms = Uniforms(options.seed)
         self.rules = rules_for(options.prefix, options.suffix, options.mode, options.n_indent, options.stop)
@@ -349,11 +350,25 @@ class Generation:
     def segment(self, tree: TokenTree):
         """(tokens, positions, Segment) of the tree for the batched forward. The small tensors
         are made through numpy, which costs a fraction of torch.tensor's per-call overhead."""
+        if len(tree) == 1:
+            return self._root_alone(tree.tokens[0])
         positions = np.asarray(tree.depths, dtype=np.int64)
         positions += len(self.committed) - 1
         mask = None if tree.is_chain() else tree.ancestor_mask()
         tokens = torch.from_numpy(np.asarray(tree.tokens, dtype=np.int64))
         return tokens, torch.from_numpy(positions), Segment(self.cache, len(tree), mask)
+
+    def _root_alone(self, token: int):
+        """A plain step's segment: its two one-element tensors are made once per request and
+        rewritten through numpy views, since making them (tens of microseconds right after a
+        native step, with the interpreter's data out of the CPU's caches) cost more than the rest
+        of the segment. The forward reads them only while it runs."""
+        if self._plain is None:
+            tensors = (torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+            self._plain = (tensors, tensors[0].numpy(), tensors[1].numpy())
+        (tokens, positions), token_view, position_view = self._plain
+        token_view[0], position_view[0] = token, len(self.committed) - 1
+        return tokens, positions, Segment(self.cache, 1)
 
     def commit(self, tree: TokenTree, logits, features=None) -> int:
         """Accept against the target's logits [len(tree), vocab] (and keep its captured hidden
