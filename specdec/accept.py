@@ -16,6 +16,7 @@ a node's children with probability sum p(c_i), the same as multi-candidate rejec
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specdec.tree import TokenTree
@@ -74,7 +75,10 @@ _MASK64 = (1 << 64) - 1
 def accept(tree: TokenTree, logits: torch.Tensor, s: Sampling, uniforms: Uniforms | None = None,
            first_allowed=None, position: int = 0) -> Accepted:
     """logits [len(tree), vocab] from the target for every tree node; `position` is the index
-    of the token that follows the root (sampling draws the uniform of each position)."""
+    of the token that follows the root (sampling draws the uniform of each position). The
+    logits may be a CPU forward's numpy view: greedy rows then skip torch's per-op overhead."""
+    if isinstance(logits, np.ndarray) and (first_allowed is not None or not s.greedy):
+        logits = torch.from_numpy(logits)  # restricting and sampling work on tensors
     node, nodes = 0, []
     while True:
         row = logits[node]
@@ -92,6 +96,8 @@ def greedy_token(row: torch.Tensor) -> int:
     """The index of the row's largest value, the first of equals as torch.argmax takes it. A CPU
     row goes through numpy, whose argmax (same tie rule, NaN counted largest as in torch) costs
     a fraction of torch's per-op overhead, paid at every step of every request."""
+    if isinstance(row, np.ndarray):
+        return int(row.argmax())
     if row.device.type == "cpu" and row.dtype == torch.float32 and not row.requires_grad:
         return int(row.numpy().argmax())
     return int(torch.argmax(row))

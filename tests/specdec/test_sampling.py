@@ -69,3 +69,25 @@ def test_seeded_sampling_equals_plain_sampling_for_every_strategy(tiny_models):
         reference = engine.complete(prefix, suffix, strategy="ar", **options).tokens
         for strategy in ("draft", "ngram", "hybrid"):
             assert engine.complete(prefix, suffix, strategy=strategy, **options).tokens == reference, (seed, strategy)
+
+
+def test_acceptance_reads_a_numpy_view_of_the_logits_as_it_reads_the_tensor():
+    """The scheduler hands a CPU forward's logits over as numpy: greedy, restricted (healing)
+    and sampled acceptance must choose what they choose on the tensor."""
+    from specdec.accept import Uniforms, accept
+    from specdec.tree import TokenTree
+
+    generator = torch.Generator().manual_seed(3)
+    for trial in range(40):
+        tree = TokenTree(5)
+        logits = torch.randn(4, 50, generator=generator)
+        favourite = [int(row.argmax()) for row in logits]
+        child = tree.add_child(0, favourite[0] if trial % 2 else 7, "draft", 0.5)
+        tree.add_child(child, favourite[child], "draft", 0.5)
+        tree.add_child(0, 11, "trie", 0.3)
+        if trial % 4 == 0:  # every row's largest value twice: the first of equals wins
+            logits[:, 13] = logits.max(dim=1).values
+        for sampling, allowed in ((Sampling(), None), (Sampling(), [11, 7, favourite[0]]), (Sampling(0.8, 0.9, 20), None)):
+            on_tensor = accept(tree, logits, sampling, Uniforms(trial), allowed, position=9)
+            on_numpy = accept(tree, logits.numpy(), sampling, Uniforms(trial), allowed, position=9)
+            assert (on_tensor.nodes, on_tensor.bonus) == (on_numpy.nodes, on_numpy.bonus)
