@@ -150,7 +150,10 @@ def grow_tree(tree, paths, cost: VerifyCost, max_nodes: int, force: bool = False
 
     Each heap entry carries the tree node its path has reached, so a node is placed in constant
     time: walking each path from the root again made a 64-token suggestion cost 2,000 lookups."""
-    costs = cost.table(max_nodes + riding)
+    # Only the sizes these paths can reach: the table is rebuilt after every served forward, and
+    # a plain step's long-repeat path is often a few tokens where the budget is 64.
+    reach = min(max_nodes, len(tree) + sum(len(path.tokens) for path in paths))
+    costs = cost.table(reach + riding)
     costs = costs[riding:] if riding else costs
     heap = [(-path.probs[0], i, 0, 0) for i, path in enumerate(paths) if path.tokens]
     heapq.heapify(heap)

@@ -287,6 +287,9 @@ def test_growing_a_tree_node_by_node_builds_the_tree_path_by_path_insertion_buil
     grown = TokenTree(0)
     grow_tree(grown, shared, cost, 64, force=True)
     assert grown.probs == [1.0, 0.5, 0.95]  # a node reached again keeps the best probability offered
+    cost.observe(1, 2.0)  # a served forward: the cost table is rebuilt when next read
+    grow_tree(TokenTree(0), [DraftPath("history", [1, 2, 3], [0.9, 0.8, 0.7])], cost, 64)
+    assert len(cost.table(0)) == 5  # costs of 0..4 nodes, all three tokens can make: not the budget's 65
 
 
 def test_a_repetitive_suggestion_is_continued_from_where_the_user_is_along_it():
