@@ -387,7 +387,8 @@ class Generation:
             reported = REPORTED_AS.get(tree.sources[node], tree.sources[node])
             by_source[reported] = by_source.get(reported, 0) + 1
         by_source["bonus"] += 1
-        self._learn(tree, result.nodes)
+        if len(tree) > 1:  # a root alone proposed nothing to learn from
+            self._learn(tree, result.nodes)
         new_tokens = [tree.tokens[n] for n in result.nodes] + [result.bonus]
         self.committed.extend(new_tokens)
         for token in new_tokens:
