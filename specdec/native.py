@@ -122,7 +122,7 @@ class NativeStep:
                             "until specdec.native.bind(model) is called again")
             self.stale = True
             return False
-        return self.embed.weight.data_ptr() == self.embed_ptr
+        return self.embed._parameters["weight"].data_ptr() == self.embed_ptr  # the dict: Module.__getattr__ costs more
 
     def __call__(self, input_ids, positions, segments, logits_rows=None) -> torch.Tensor | None:
         """As Transformer.forward: input_ids, positions [n] (the segments' tokens, in segment
@@ -137,7 +137,9 @@ class NativeStep:
         logits = torch.empty(n if rows is None else rows.numel(), self.vocab)
         ids = torch.empty(len(self.moe_blocks), n, self.top_k, dtype=torch.long)
         captured = torch.empty(n, len(self.capture_layers) * self.hidden) if self.capture_layers else None
-        tokens, positions = input_ids.contiguous(), positions.to(torch.long).contiguous()
+        if positions.dtype is not torch.long:  # a no-op .to() still costs a dispatch, at every step
+            positions = positions.to(torch.long)
+        tokens, positions = input_ids.contiguous(), positions.contiguous()
         status = self.lib.specdec_forward(
             self.desc_ref, len(segments), seqs, n, tokens.data_ptr(), positions.data_ptr(),
             None if rows is None else rows.data_ptr(), logits.shape[0], logits.data_ptr(), ids.data_ptr(),
