@@ -386,6 +386,9 @@ class Transformer(ExpertStatistics, nn.Module):
         self.path = None
         self.capture_layers: tuple = ()  # layers whose input the forward keeps in .captured [N, k*H]
         self.captured = None
+        # The latest forward's logits as the numpy array they were written into, when the native
+        # step ran it (else None): its caller reads rows without torch's per-op overhead.
+        self.logits_array = None
         self.rope_frequencies = rope_frequencies(cfg)  # None: plain RoPE at rope_theta
 
     def fuse_for_inference(self) -> None:
@@ -447,6 +450,7 @@ class Transformer(ExpertStatistics, nn.Module):
         Writes the new tokens' keys and values into each segment's cache as pending entries;
         the caller keeps or drops them (KVCache.keep / keep_all).
         """
+        self.__dict__["logits_array"] = None  # the native step sets its own
         if input_ids.numel() == 0:  # nothing new: no rows to write, no logits (the kernels want tokens)
             self.captured = None
             return torch.zeros(0, self.config.vocab_size, dtype=torch.float32, device=input_ids.device)

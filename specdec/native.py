@@ -21,6 +21,7 @@ import ctypes
 import logging
 import os
 
+import numpy as np
 import torch
 
 from kernels import cpu_decode
@@ -134,7 +135,8 @@ class NativeStep:
         n = input_ids.numel()
         seqs, masks = self._sequences(segments)
         rows = None if logits_rows is None else torch.as_tensor(logits_rows, dtype=torch.long)
-        logits = torch.empty(n if rows is None else rows.numel(), self.vocab)
+        array = np.empty((n if rows is None else rows.numel(), self.vocab), dtype=np.float32)
+        logits = torch.from_numpy(array)
         ids = torch.empty(len(self.moe_blocks), n, self.top_k, dtype=torch.long)
         captured = torch.empty(n, len(self.capture_layers) * self.hidden) if self.capture_layers else None
         if positions.dtype is not torch.long:  # a no-op .to() still costs a dispatch, at every step
@@ -151,6 +153,7 @@ class NativeStep:
         if self.moe_blocks:
             self.model.file_native_routes(ids)
         self.model.__dict__["captured"] = captured  # a plain attribute: skips nn.Module's slower setattr
+        self.model.__dict__["logits_array"] = array
         return logits
 
     @staticmethod

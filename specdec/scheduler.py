@@ -191,8 +191,13 @@ class Scheduler:
         target = self.engine.target
         joined = (torch.cat(tokens), torch.cat(positions)) if len(parts) > 1 else (tokens[0], positions[0])
         logits = target(*joined, list(segments), logits_rows=rows)
-        if logits.is_cpu and logits.dtype == torch.float32:
-            logits = logits.numpy()  # for every tree's acceptance: a torch row and its checks cost more
+        # numpy for every tree's acceptance: a torch row and its checks cost more (the native
+        # step's own array costs nothing; viewing a tensor as numpy costs tens of microseconds)
+        array = target.__dict__.get("logits_array")
+        if array is not None:
+            logits = array
+        elif logits.is_cpu and logits.dtype == torch.float32:
+            logits = logits.numpy()
         woken = target.experts_woken() if trees else 0
         features = target.captured  # [all rows, k*H] when an EAGLE-3 head reads them, else None
         start, added = 0, []

@@ -306,3 +306,19 @@ def test_a_weight_edited_in_place_after_binding_sends_steps_eager_until_rebound(
     assert native.bind(model) and not model.native_step.stale
     rebound, _ = _decode_path(model, ids, 16, ids[16:20])
     assert model.native_step.half_bytes > 0 and _rel_err(rebound, eager) < 1e-5
+
+
+def test_a_native_forward_leaves_its_logits_as_numpy_and_an_eager_one_does_not(hf_checkpoints):
+    """The scheduler reads a native forward's logits through `logits_array`: it must hold this
+    forward's logits (the rows asked for), and never an earlier forward's after an eager one."""
+    model = load_model(hf_checkpoints["qwen3_moe"][0])
+    ids = torch.randint(0, 97, (9,), generator=torch.Generator().manual_seed(8))
+    cache = model.new_cache(16)
+    logits = model(ids[:6], torch.arange(6), [Segment(cache, 6)], logits_rows=[2, 5])
+    assert model.logits_array is not None and model.logits_array.shape == (2, model.config.vocab_size)
+    assert torch.equal(torch.from_numpy(model.logits_array), logits)
+    cache.keep_all()
+    bound = _eager(model)
+    model(ids[6:], torch.arange(6, 9), [Segment(cache, 3)])
+    model.native_step = bound
+    assert model.logits_array is None
