@@ -42,6 +42,9 @@ class VerifyCost:
         self._millis: list | None = list(millis)  # the corrected curve; None: recompute when read
         self._table: list = []  # cost(n) for n = 0, 1, ...: read by every speculating step
         self.lock = threading.Lock()
+        # (bucket, measured cost) of each size up to the largest measured: every served forward
+        # is observed, and two searches and an interpolation cost more than the rest of it.
+        self._observed_at = [self._bucket_and_measured(n) for n in range(self.sizes[-1] + 1)]
 
     @classmethod
     def measure(cls, model, context: int = 512, repeats: int = 5, sample_ids=None) -> "VerifyCost":
@@ -94,12 +97,15 @@ class VerifyCost:
 
     def observe(self, n: int, millis: float) -> None:
         """One served forward of n tokens (a single request's tree, nothing else in it) took `millis`."""
-        i = max(0, bisect.bisect_right(self.sizes, n) - 1)
-        ratio = millis / _interpolate(self.sizes, self.measured, n)
+        i, measured = self._observed_at[n] if n < len(self._observed_at) else self._bucket_and_measured(n)
+        ratio = millis / measured
         with self.lock:
             old = self.ratios[i]
             self.ratios[i] = ratio if old is None else old + self.RATE * (ratio - old)
             self._millis, self._table = None, []
+
+    def _bucket_and_measured(self, n: int) -> tuple:
+        return max(0, bisect.bisect_right(self.sizes, n) - 1), _interpolate(self.sizes, self.measured, n)
 
     def _corrected(self) -> list:
         out, offset = [], 0.0

@@ -312,8 +312,9 @@ class Scheduler:
                     elif g.past_deadline(now):  # also those waiting for a decoding slot
                         g.finish("time")
             gone = [g for queue in queues for g in queue if g.is_finished]
-            self.prefilling[:] = [g for g in self.prefilling if not g.is_finished]
-            self.active[:] = [g for g in self.active if not g.is_finished]
+            if gone:  # most steps finish nothing: the lists stay as they are
+                self.prefilling[:] = [g for g in self.prefilling if not g.is_finished]
+                self.active[:] = [g for g in self.active if not g.is_finished]
         for g in gone:
             g.release()
             self._left(g)

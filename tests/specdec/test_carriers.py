@@ -200,6 +200,8 @@ def test_served_forwards_correct_the_measured_verify_costs():
     assert min_useful_prob(cost) > 0.6  # a second token must now be likely to pay its cost
     cost.observe(1, 1000.0)  # one stalled step moves the estimate by RATE, not to the stall
     assert 2.0 < cost(1) < 2.0 + VerifyCost.RATE * 1000 + 0.01
+    cost.observe(96, 42.0)  # past the largest size: its bucket, at the last size's per-token cost (21 ms)
+    assert cost.ratios[-1] == 2.0
 
 
 def test_a_tree_is_kept_at_the_size_that_pays_best_not_cut_at_the_first_costly_node():
