@@ -11,7 +11,7 @@ counted only when read.
 import numpy as np
 import torch
 
-COUNT_EVERY = 32  # native forwards whose ids are kept before they are counted
+COUNT_EVERY = 32  # forwards whose expert ids are kept before they are counted (eager or native)
 
 
 class ExpertStatistics:
@@ -80,8 +80,8 @@ class ExpertStatistics:
             return
         ids = torch.cat([p.reshape(p.shape[0], -1) for p in pending], dim=1)  # [layers, all tokens * k]
         for block, layer_ids in zip(self.moe_blocks(), ids, strict=True):
-            block.tokens_per_expert += torch.bincount(layer_ids, minlength=block.tokens_per_expert.numel()).to(
-                block.tokens_per_expert.device)
+            block.uncounted_ids.append(layer_ids)  # counted by the block, as its eager ids are
+            block.count_routed()
         self.__dict__["native_uncounted"] = []
 
 

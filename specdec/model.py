@@ -15,7 +15,7 @@ from torch import nn
 
 import kernels
 from specdec.config import ModelConfig
-from specdec.expert_stats import ExpertStatistics
+from specdec.expert_stats import COUNT_EVERY, ExpertStatistics
 from specdec.kvcache import KVCache, under_inference_mode
 from specdec.ops import (
     CpuLogitsHead,
@@ -233,7 +233,7 @@ class Experts(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
-    COUNT_EVERY = 32  # forwards whose expert ids are kept before they are summed
+    COUNT_EVERY = COUNT_EVERY  # forwards whose expert ids are kept before they are summed
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
