@@ -73,6 +73,15 @@ def ngram_paths(sequence: list[int], stats, max_ngram: int = 4, max_tokens: int 
     return paths
 
 
+def cut_after(path: DraftPath, ending) -> DraftPath:
+    """The path up to and including its first token in `ending` (tokens that end the completion:
+    any node after one could never be used)."""
+    for i, token in enumerate(path.tokens):
+        if token in ending:
+            return DraftPath(path.source, path.tokens[: i + 1], path.probs[: i + 1])
+    return path
+
+
 def runner_ups(prob, best: int, before: float, min_prob: float, stop_ids=(), k: int = 3, to_target=None):
     """[(token, cumulative prob)] of the next `k - 1` most likely tokens after `best` in `prob`,
     where `before` is the probability of the chain up to here; those below min_prob, and stop

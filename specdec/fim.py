@@ -77,6 +77,8 @@ class PromptBuilder:
         self.vocab_text = token_texts(tokenizer)
         self.token_bytes = token_bytes(tokenizer, self.vocab_text)  # for TextStream: None where decoding is not bytes end to end
         self.stop_ids = set(self.special.values())  # every special token of the format ends a completion
+        # A single-line completion ends at the first of these (a newline in its text).
+        self.newline_ids = frozenset(i for i, text in enumerate(self.vocab_text) if "\n" in text)
         # Token texts in sorted order: the tokens that start with a text form one range of it.
         ranked = sorted((t, i) for i, t in enumerate(self.vocab_text) if i not in self.stop_ids)
         self._sorted_text = [t for t, _ in ranked]

@@ -354,3 +354,28 @@ def test_batched_steps_learn_their_speeds_apart_from_lone_steps():
     assert set(policy.step_speed) == {"hybrid", "hybrid batched"}
     assert policy.step_speed["hybrid"]["spec"] > policy.step_speed["hybrid"]["plain"]
     assert policy.step_speed["hybrid batched"]["spec"] < policy.step_speed["hybrid batched"]["plain"]
+
+
+def test_a_single_line_tree_stops_at_its_paths_first_newline(engine, monkeypatch):
+    """A single-line completion ends at its first newline, so no tree node may follow one; a
+    multi-line completion's paths run on across lines."""
+    from specdec import generation as generation_module
+
+    offered, grow = [], generation_module.grow_tree
+
+    def recording(tree, paths, *args, **kwargs):
+        offered.extend(paths)
+        return grow(tree, paths, *args, **kwargs)
+
+    monkeypatch.setattr(generation_module, "grow_tree", recording)
+    newline = engine.prompts.newline_ids
+    prefix = "value = compute(alpha, beta)\nresult = value + 1\n" * 3 + "value = comp"
+
+    def crossing():
+        return [p for p in offered if any(t in newline for t in p.tokens[:-1])]
+
+    engine.complete(prefix, "", mode="single", strategy="hybrid", max_tokens=8)
+    assert offered and not crossing()
+    offered.clear()
+    engine.complete(prefix, "", mode="multi", strategy="hybrid", max_tokens=8)
+    assert crossing()  # the repeat runs past the line's end: the cut above had work to do

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specdec.drafting import DraftRunner, branch_paths
+from specdec.drafting import DraftPath, DraftRunner, branch_paths, cut_after
 from specdec.loader import load_model
 
 
@@ -12,6 +12,22 @@ def test_branches_leave_the_chain_at_their_depth():
     alternatives = [[(8, 0.05)], [], [(9, 0.2), (10, 0.1)], [(11, 0.02)]]
     assert branch_paths(tokens, probs, alternatives) == [
         ([8], [0.05]), ([5, 6, 9], [0.9, 0.6, 0.2]), ([5, 6, 10], [0.9, 0.6, 0.1]), ([5, 6, 7, 11], [0.9, 0.6, 0.3, 0.02])]
+
+
+def test_a_path_is_cut_after_its_first_ending_token():
+    path = DraftPath("history", [4, 7, 9, 7, 2], [0.9, 0.8, 0.7, 0.6, 0.5])
+    assert cut_after(path, {7}) == DraftPath("history", [4, 7], [0.9, 0.8])
+    assert cut_after(path, {1}) is path
+
+
+def test_newline_tokens_are_those_whose_text_holds_one(tiny_models):
+    from specdec.fim import PromptBuilder
+
+    prompts = PromptBuilder(load_model(tiny_models[0]).tokenizer)
+    ids = prompts.encode("x = 1\n    y = 2\n\n")
+    assert {t for t in ids if "\n" in prompts.vocab_text[t]} <= prompts.newline_ids
+    assert prompts.newline_ids and all("\n" in prompts.vocab_text[t] for t in prompts.newline_ids)
+    assert prompts.encode("x")[0] not in prompts.newline_ids
 
 
 @torch.inference_mode()
