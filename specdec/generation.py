@@ -276,6 +276,8 @@ class Generation:
             paths = [p for p in paths if p.tokens and p.tokens[0] in allowed]
         if self.rules.single_line:  # its line's end ends the completion: nodes after it could never be used
             paths = [cut_after(p, engine.prompts.newline_ids) for p in paths]
+        left = self.max_tokens - len(self.generated)  # nor can nodes past the token limit
+        paths = [p if len(p.tokens) <= left else DraftPath(p.source, p.tokens[:left], p.probs[:left]) for p in paths]
         grow_tree(tree, paths, engine.verify_cost, engine.max_tree_nodes, force=not engine.adaptive, riding=riding)
         self.stats.tree_nodes += len(tree)
         return tree
