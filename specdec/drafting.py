@@ -73,12 +73,17 @@ def ngram_paths(sequence: list[int], stats, max_ngram: int = 4, max_tokens: int 
     return paths
 
 
+def head(path: DraftPath, n: int) -> DraftPath:
+    """The path's first n tokens (the path itself when it has no more)."""
+    return path if len(path.tokens) <= n else DraftPath(path.source, path.tokens[:n], path.probs[:n])
+
+
 def cut_after(path: DraftPath, ending) -> DraftPath:
     """The path up to and including its first token in `ending` (tokens that end the completion:
     any node after one could never be used)."""
     for i, token in enumerate(path.tokens):
         if token in ending:
-            return DraftPath(path.source, path.tokens[: i + 1], path.probs[: i + 1])
+            return head(path, i + 1)
     return path
 
 

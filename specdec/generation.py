@@ -24,7 +24,16 @@ import torch
 from specdec.accept import Sampling, Uniforms, accept
 from specdec.budget import grow_tree, min_useful_prob
 from specdec.detokenize import TextStream
-from specdec.drafting import DraftPath, DraftRunner, branch_paths, cut_after, history_paths, ngram_paths, trie_paths
+from specdec.drafting import (
+    DraftPath,
+    DraftRunner,
+    branch_paths,
+    cut_after,
+    head,
+    history_paths,
+    ngram_paths,
+    trie_paths,
+)
 from specdec.eagle import EagleRunner
 from specdec.history import MATCH_LENGTHS, SELF_SEARCH_CHARS
 from specdec.model import Segment
@@ -277,7 +286,7 @@ class Generation:
         if self.rules.single_line:  # its line's end ends the completion: nodes after it could never be used
             paths = [cut_after(p, engine.prompts.newline_ids) for p in paths]
         left = self.max_tokens - len(self.generated)  # nor can nodes past the token limit
-        paths = [p if len(p.tokens) <= left else DraftPath(p.source, p.tokens[:left], p.probs[:left]) for p in paths]
+        paths = [head(p, left) for p in paths]
         grow_tree(tree, paths, engine.verify_cost, engine.max_tree_nodes, force=not engine.adaptive, riding=riding)
         self.stats.tree_nodes += len(tree)
         return tree
