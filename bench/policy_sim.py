@@ -2,6 +2,7 @@
 and speculation policies replayed over them at the step costs that served steps measured.
 
     python bench/policy_sim.py --repo REPO [--points 200] [--cost-points 60] [--out FILE]
+                               [--positions FILE: the logged run, kept to replay again]
 
 Greedy decoding is deterministic, so a tree's outcome at a position needs no target pass: the
 target accepts the longest proposed path that `ar`'s own tokens begin with. One forced run
@@ -13,8 +14,9 @@ other half of the points), is charged the step and its proposing, and moves past
 the tree had right.
 
 Step costs are not the start-up curve: served steps of adaptive hybrid and `ar`, alternating
-point by point, are timed whole (proposing, forward, acceptance) by tree size; sizes served too
-rarely take the verify curve's growth from the largest well-measured size. The oracle knows
+point by point, are timed whole (proposing, forward, acceptance) by tree size; a size served too
+rarely lies between well-measured ones, and beyond the largest the verify curve's growth is
+added. The oracle knows
 each position's outcome and verifies only the path that pays best; it bounds every policy here.
 """
 
