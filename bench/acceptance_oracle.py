@@ -19,11 +19,13 @@ at a completion's first step and later. Those are what a policy must predict to 
 """
 
 import argparse
-import bisect
 import json
 import statistics
 import sys
 from pathlib import Path
+
+from specdec import budget
+from specdec.drafting import common_prefix
 
 
 def log_forced(forced, plain, index, points, max_tokens: int = 64) -> list[dict]:
@@ -49,7 +51,7 @@ def log_forced(forced, plain, index, points, max_tokens: int = 64) -> list[dict]
         added = commit(self, tree, *args, **kwargs)
         new = self.committed[before:]
         for path in step.pop("paths", ()):
-            followed = tokens_followed(path.tokens, new)
+            followed = common_prefix(path.tokens, new)
             paths.append({"source": path.source, "first_step": step["first"], "followed": followed,
                           "length": len(path.tokens)})
         return added
@@ -76,24 +78,10 @@ def log_forced(forced, plain, index, points, max_tokens: int = 64) -> list[dict]
     return rows
 
 
-def tokens_followed(proposed: list, committed: list) -> int:
-    """How many of the proposed tokens the committed ones begin with."""
-    for i, (a, b) in enumerate(zip(proposed, committed, strict=False)):
-        if a != b:
-            return i
-    return min(len(proposed), len(committed))
-
-
 def interpolate(curve: dict, n: int) -> float:
-    """cost(n) from {size: ms}, linear between sizes, per token beyond the largest."""
+    """cost(n) from {size: ms}, as the engine interpolates its verify curve."""
     sizes = sorted(curve)
-    if n <= sizes[0]:
-        return curve[sizes[0]]
-    i = bisect.bisect_left(sizes, n)
-    if i == len(sizes):
-        return curve[sizes[-1]] * n / sizes[-1]
-    a, b = sizes[i - 1], sizes[i]
-    return curve[a] + (curve[b] - curve[a]) * (n - a) / (b - a)
+    return budget.interpolate(sizes, [curve[size] for size in sizes], n)
 
 
 def oracle(rows, curve: dict, draft_ratio: float, served_scale: float = 1.0, python_ms: float = 0.0) -> dict:

@@ -30,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.acceptance_oracle import interpolate, tokens_followed  # noqa: E402
+from bench.acceptance_oracle import interpolate  # noqa: E402
+from specdec.drafting import common_prefix  # noqa: E402
 
 MIN_SAMPLES = 20  # served steps of one tree size before its median replaces the curve's growth
 CONFIDENT = (0.5, 0.8, 0.95)  # buckets of the target's probability of its last token
@@ -200,7 +201,7 @@ class AcceptanceTable:
             previous = None
             for step in row["steps"]:
                 for source, tokens, probs in step["paths"]:
-                    followed = tokens_followed(tokens, row["tokens"][step["position"] :])
+                    followed = common_prefix(tokens, row["tokens"][step["position"] :])
                     for k in range(min(len(tokens), followed + 1)):
                         count = self.counts[self.key(source, k, step["position"], previous, probs[k])]
                         count[0] += k < followed
@@ -232,7 +233,7 @@ def calibration(rows) -> list[dict]:
             for source, tokens, probs in step["paths"] if step["position"] else ():
                 if not tokens or source == "draft:branch":  # an empty chain; a branch repeats its chain's start
                     continue
-                followed = tokens_followed(tokens, row["tokens"][step["position"] :]) > 0
+                followed = common_prefix(tokens, row["tokens"][step["position"] :]) > 0
                 if source == "draft":
                     key = ("draft", "its own probability", _bucket(probs[0], DRAFT_PROB), DRAFT_PROB)
                 else:
@@ -302,7 +303,7 @@ def oracle(step: dict, confidence, costs: list, tokens=None):
     tree = TokenTree(0)
     best, best_rate, best_path = 0, 1.0 / costs[1], None
     for source, path, _ in step["paths"]:
-        followed = tokens_followed(path, tokens)
+        followed = common_prefix(path, tokens)
         extra = draft_ms(step, followed) if kind(source) == "draft" else 0.0
         rate = (followed + 1) / (costs[followed + 1] + extra) if followed else 0.0
         if rate > best_rate:

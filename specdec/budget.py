@@ -74,7 +74,7 @@ class VerifyCost:
         return cls(SIZES, non_decreasing_from_the_right([statistics.median(times[n]) for n in SIZES]))
 
     def __call__(self, n: int) -> float:
-        return _interpolate(self.sizes, self.millis, n)
+        return interpolate(self.sizes, self.millis, n)
 
     @property
     def millis(self) -> list:
@@ -92,7 +92,7 @@ class VerifyCost:
         table = self._table
         if len(table) <= largest:
             sizes, millis = self.sizes, self.millis
-            table = self._table = [_interpolate(sizes, millis, n) for n in range(largest + 1)]
+            table = self._table = [interpolate(sizes, millis, n) for n in range(largest + 1)]
         return table
 
     def observe(self, n: int, millis: float) -> None:
@@ -105,7 +105,7 @@ class VerifyCost:
             self._millis, self._table = None, []
 
     def _bucket_and_measured(self, n: int) -> tuple:
-        return max(0, bisect.bisect_right(self.sizes, n) - 1), _interpolate(self.sizes, self.measured, n)
+        return max(0, bisect.bisect_right(self.sizes, n) - 1), interpolate(self.sizes, self.measured, n)
 
     def _corrected(self) -> list:
         out, offset = [], 0.0
@@ -116,7 +116,7 @@ class VerifyCost:
         return non_decreasing_from_the_right(out)
 
 
-def _interpolate(sizes, millis, n: int) -> float:
+def interpolate(sizes, millis, n: int) -> float:
     """Linear interpolation between measured sizes; beyond the largest, its per-token cost."""
     if n <= sizes[0]:
         return millis[0]

@@ -130,11 +130,11 @@ class DraftRunner:
     def catch_up(self, prompt: list[int]) -> None:
         """Hold the prompt (all but its last token, as sync) before drafting; what the cache
         holds past a prompt it already covers (this request's earlier drafting) stays."""
-        if _common_prefix(self.synced, prompt) < len(prompt) - 1:
+        if common_prefix(self.synced, prompt) < len(prompt) - 1:
             self.sync(prompt)
 
     def _rewind(self, committed: list[int]) -> None:
-        common = min(_common_prefix(self.synced, committed), len(committed) - 1)
+        common = min(common_prefix(self.synced, committed), len(committed) - 1)
         self.cache.truncate(common)
         self.synced = self.synced[:common]
 
@@ -169,7 +169,7 @@ class DraftRunner:
         return tokens, probs
 
 
-def _common_prefix(a: list, b: list) -> int:
+def common_prefix(a: list, b: list) -> int:
     """Length of the common prefix of two token lists. Slices are compared in C, the whole
     prefix first (usually it matches: the draft's cache holds the prompt and its first tokens),
     then by halves: a loop over a 1,500-token prompt in Python cost a third of a millisecond."""

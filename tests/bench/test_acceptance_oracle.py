@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.acceptance_oracle import interpolate, oracle, path_acceptance, tokens_followed
+from bench.acceptance_oracle import interpolate, oracle, path_acceptance
 
 CURVE = {1: 2.0, 2: 2.5, 4: 3.0}
 
@@ -41,9 +41,3 @@ def test_paths_are_tallied_by_source_and_step():
     found = {(p["source"], p["step"]): p for p in path_acceptance([row([], paths=paths)])}
     assert found[("trie", "first")]["first_followed"] == 0.5 and found[("trie", "first")]["mean_followed"] == 1.0
     assert found[("trie", "later")]["paths"] == 1
-
-
-def test_tokens_followed_stops_at_the_first_difference():
-    assert tokens_followed([1, 2, 3], [1, 2, 9, 3]) == 2
-    assert tokens_followed([1, 2], [1, 2, 3]) == 2
-    assert tokens_followed([5], [1]) == 0

@@ -49,19 +49,27 @@ def test_runner_ups_at_every_depth_are_the_drafts_own_distribution(tiny_models):
         assert probs[depth] == pytest.approx(before, rel=1e-4)
 
 
+def test_common_prefix_stops_at_the_first_difference():
+    from specdec.drafting import common_prefix
+
+    assert common_prefix([1, 2, 3], [1, 2, 9, 3]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([5], [1]) == 0
+
+
 def test_common_prefix_of_token_lists_matches_a_plain_scan():
     """The draft's cache is rewound to the common prefix of its tokens and the committed ones,
     found by comparing slices; it must equal a token-by-token scan, wherever the lists part."""
     import random
 
-    from specdec.drafting import _common_prefix
+    from specdec.drafting import common_prefix
 
     rng = random.Random(3)
     for _ in range(3000):
         a = [rng.randint(0, 2) for _ in range(rng.randint(0, 40))]
         b = a[: rng.randint(0, len(a))] + [rng.randint(0, 2) for _ in range(rng.randint(0, 12))]
         scan = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        assert _common_prefix(a, b) == _common_prefix(b, a) == scan
+        assert common_prefix(a, b) == common_prefix(b, a) == scan
 
 
 def test_a_cold_request_feeds_the_draft_its_prompt_only_when_it_drafts(tiny_models):
