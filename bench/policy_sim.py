@@ -200,8 +200,9 @@ class AcceptanceTable:
         for row in rows:
             previous = None
             for step in row["steps"]:
+                ahead = row["tokens"][step["position"] :]
                 for source, tokens, probs in step["paths"]:
-                    followed = common_prefix(tokens, row["tokens"][step["position"] :])
+                    followed = common_prefix(tokens, ahead)
                     for k in range(min(len(tokens), followed + 1)):
                         count = self.counts[self.key(source, k, step["position"], previous, probs[k])]
                         count[0] += k < followed
@@ -230,10 +231,11 @@ def calibration(rows) -> list[dict]:
     for row in rows:
         previous = None
         for step in row["steps"]:
+            ahead = row["tokens"][step["position"] :]
             for source, tokens, probs in step["paths"] if step["position"] else ():
                 if not tokens or source == "draft:branch":  # an empty chain; a branch repeats its chain's start
                     continue
-                followed = common_prefix(tokens, row["tokens"][step["position"] :]) > 0
+                followed = common_prefix(tokens, ahead) > 0
                 if source == "draft":
                     key = ("draft", "its own probability", _bucket(probs[0], DRAFT_PROB), DRAFT_PROB)
                 else:
@@ -274,8 +276,9 @@ def replay(rows, policy, costs: list) -> dict:
         steps, position, spent = row["steps"], 0, 0.0
         while position < len(steps):
             confidence = steps[position - 1]["confidence"][0] if position else None
-            tree, proposing_ms = policy(steps[position], confidence, costs, tokens=row["tokens"][position:])
-            accepted = min(accepted_length(tree, row["tokens"][position:]), len(steps) - 1 - position)
+            ahead = row["tokens"][position:]
+            tree, proposing_ms = policy(steps[position], confidence, costs, tokens=ahead)
+            accepted = min(accepted_length(tree, ahead), len(steps) - 1 - position)
             spent += costs[len(tree)] + proposing_ms
             speculated += len(tree) > 1
             position += accepted + 1
