@@ -31,8 +31,8 @@ from specdec.drafting import common_prefix
 def log_forced(forced, plain, index, points, max_tokens: int = 64) -> list[dict]:
     """Per point: `ar`'s times (on `plain`), and the forced hybrid's passes (accepted (source,
     depth) pairs) and proposed paths (source, first step or not, tokens followed, length)."""
-    from eval.runner import prepare_point
     from specdec import generation
+    from specdec_eval.runner import prepare_point
 
     accept, propose, commit = generation.accept, generation.Generation._paths, generation.Generation.commit
     passes, paths, step = [], [], {}
@@ -127,11 +127,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    from eval.points import sample_points
     from prefixcache import Index
     from specdec import Engine
     from specdec.engine import default_model_dir
     from specdec.loader import load_model
+    from specdec_eval.points import sample_points
 
     index = Index.build(args.repo)
     models = default_model_dir()

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# After site-packages: the repository's folders (kernels/, server/, eval/) must not shadow installed packages.
+sys.path.append(str(ROOT))
 
 
 def step_times(model, repeats: int, traffic=None) -> dict:

@@ -37,7 +37,7 @@ STRATEGIES = ("hybrid", "trie", "draft", "ar")
 def serve_and_log(engine, index, points, max_tokens: int, seed: int) -> list[dict]:
     """[{n, cached, ms, ids [layers][n][k], request}] of every forward with one sequence and
     no prompt chunk (a plain step or a verify pass alone), served on `points`."""
-    from eval.runner import prepare_point
+    from specdec_eval.runner import prepare_point
 
     target, forward, logged = engine.target, engine.target.forward, []
     current = {"request": None}
@@ -156,9 +156,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.repo.is_dir():
         parser.error(f"--repo {args.repo}: not a directory")
-    from eval.points import sample_points
     from prefixcache import Index
     from specdec import Engine
+    from specdec_eval.points import sample_points
 
     points = sample_points(args.repo, args.points, args.seed, "auto")
     if not points:

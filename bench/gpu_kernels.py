@@ -18,14 +18,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import kernels  # noqa: E402
-from kernels.attention_torch import tree_attention_torch  # noqa: E402
-from kernels.moe_torch import fused_moe_torch, moe_route_torch  # noqa: E402
-from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4, uses_dot_scaled  # noqa: E402
-from kernels.triton_attention import tree_attention_triton  # noqa: E402
-from kernels.triton_moe import fused_moe_triton, moe_route_triton  # noqa: E402
+import specdec_kernels as kernels  # noqa: E402
+from specdec_kernels.attention_torch import tree_attention_torch  # noqa: E402
+from specdec_kernels.moe_torch import fused_moe_torch, moe_route_torch  # noqa: E402
+from specdec_kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4, uses_dot_scaled  # noqa: E402
+from specdec_kernels.triton_attention import tree_attention_triton  # noqa: E402
+from specdec_kernels.triton_moe import fused_moe_triton, moe_route_triton  # noqa: E402
 
 MOE_SHAPES = {"default-model": (8, 2, 256, 512), "qwen3-30b-a3b": (128, 8, 2048, 768)}  # E, top_k, H, I
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

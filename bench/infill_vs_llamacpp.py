@@ -25,7 +25,8 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# After site-packages: the repository's folders (kernels/, server/, eval/) must not shadow installed packages.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_decode import LlamaBench  # noqa: E402
 from specdec import default_model_dir  # noqa: E402

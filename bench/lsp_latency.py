@@ -18,7 +18,7 @@ from pathlib import Path
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
-from eval.metrics import median, percentile
+from specdec_eval.metrics import median, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,7 +28,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# After site-packages: the repository's folders (kernels/, server/, eval/) must not shadow installed packages.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from bench.acceptance_oracle import interpolate  # noqa: E402
 from specdec.drafting import common_prefix  # noqa: E402
@@ -44,10 +45,10 @@ def log_positions(forced, plain, index, points, max_tokens: int = 64) -> list[di
     """Per point: `ar`'s times and tokens, and per position (every step kept plain on `forced`,
     an Engine(adaptive=False) with a draft) each source's paths, lookup and draft times, and
     the target's top-2 probabilities of the token it committed there."""
-    from eval.runner import prepare_point
     from specdec import generation
     from specdec.drafting import DraftPath, branch_paths, trie_paths
     from specdec.history import MATCH_LENGTHS
+    from specdec_eval.runner import prepare_point
 
     steps, current = [], {}
     Generation = generation.Generation
@@ -110,8 +111,8 @@ def served_step_ms(plain, adaptive, index, points, max_tokens: int = 64) -> dict
     """{tree size: (median ms of a whole scheduler step, steps)}: size 1 from `ar`'s plain
     steps, larger sizes from adaptive hybrid's trees of long repeats (found by a string search,
     so the step is the tree's own cost); the two engines alternate point by point."""
-    from eval.runner import prepare_point
     from specdec import generation, scheduler
+    from specdec_eval.runner import prepare_point
 
     times, current = defaultdict(list), {}
     Generation, Scheduler = generation.Generation, scheduler.Scheduler
@@ -391,11 +392,11 @@ def main(argv=None) -> int:
     parser.add_argument("--positions", type=Path,
                         help="where the logged positions and served costs are kept (JSON): read if it exists, else written")
     args = parser.parse_args(argv)
-    from eval.points import sample_points
     from prefixcache import Index
     from specdec import Engine
     from specdec.engine import default_model_dir
     from specdec.loader import load_model
+    from specdec_eval.points import sample_points
 
     if args.positions and args.positions.exists():
         logged = json.loads(args.positions.read_text())

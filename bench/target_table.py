@@ -101,8 +101,8 @@ def teacher_forced(table, target, draft, files, encode) -> dict:
 
 def in_generation(table, engine, index, repo: Path, held: list[str], points: int) -> dict:
     """Agreement on the target's own greedy completions at held-out evaluation points."""
-    from eval.points import sample_points
-    from eval.runner import prepare_point
+    from specdec_eval.points import sample_points
+    from specdec_eval.runner import prepare_point
 
     rows = []
     for point in sample_points(repo, points, 0, "auto", files=held):

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# After site-packages: the repository's folders (kernels/, server/, eval/) must not shadow installed packages.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-import kernels.configs as configs  # noqa: E402
+import specdec_kernels.configs as configs  # noqa: E402
 from bench.gpu_kernels import timed  # noqa: E402
-from kernels.moe_torch import moe_route_torch  # noqa: E402
-from kernels.triton_moe import fused_moe_triton  # noqa: E402
+from specdec_kernels.moe_torch import moe_route_torch  # noqa: E402
+from specdec_kernels.triton_moe import fused_moe_triton  # noqa: E402
 
 SPACE = {"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (32, 64, 128, 256), "BLOCK_K": (32, 64, 128),
          "num_warps": (4, 8), "num_stages": (2, 3, 4)}
@@ -47,7 +48,7 @@ def main() -> int:
         for values in itertools.product(*SPACE.values()):
             cfg = dict(zip(SPACE, values, strict=True))
             configs.launch_config = lambda *a, cfg=cfg, **k: dict(cfg)
-            import kernels.triton_moe as tm
+            import specdec_kernels.triton_moe as tm
 
             tm.launch_config = configs.launch_config
             try:

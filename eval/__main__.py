@@ -1,22 +1,29 @@
-"""python -m eval run --repo REPO --points N --seed S --strategies ar,draft,ngram,trie,hybrid --out DIR
-python -m eval compare A/results.json B/results.json"""
+"""python -m specdec_eval run --repo REPO --points N --seed S --strategies ar,draft,ngram,trie,hybrid --out DIR
+python -m specdec_eval compare A/results.json B/results.json"""
 
 import argparse
 import gc
 import json
+import os
 import platform
 import shlex
 import sys
 from pathlib import Path
 
-from eval.points import sample_points
-from eval.report import write_markdown, write_plots
-from eval.runner import expert_load_summary, run_points, summarize
+# `python -m` puts the working directory first on sys.path. From the repository's root its folders
+# kernels/, server/ and eval/ would shadow installed packages of those names (the baselines'
+# transformers imports Hugging Face's `kernels`); ours are installed as specdec_*.
+if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0] or ".") == os.getcwd():
+    sys.path.pop(0)
+
 from specdec.quantize import QUANTIZATIONS
+from specdec_eval.points import sample_points
+from specdec_eval.report import write_markdown, write_plots
+from specdec_eval.runner import expert_load_summary, run_points, summarize
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval")
+    parser = argparse.ArgumentParser(prog="python -m specdec_eval")
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="evaluate strategies on random completion points of a repository")
     r.add_argument("--repo", type=Path, required=True)
@@ -75,7 +82,7 @@ def _run(args, argv) -> int:
                                     quantize=args.quantize)
     baselines = None
     if args.baselines:
-        from eval.baselines import HFBaselines
+        from specdec_eval.baselines import HFBaselines
 
         baselines = HFBaselines(args.target or default_model_dir() / "target",
                                 args.draft or (default_model_dir() / "draft" if args.target is None else None))
@@ -100,7 +107,7 @@ def _run(args, argv) -> int:
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (args.out / "points.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items()}) + "\n"
                                                    for rows in records.values() for r in rows))
-    command = "python -m eval " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m specdec_eval " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     write_markdown(results, args.out, command)
     write_plots(results, records, args.out)
     print((args.out / "report.md").read_text())

@@ -6,8 +6,8 @@ import time
 
 import torch
 
-from eval.metrics import edit_similarity, exact_match, median, percentile
-from eval.points import Point
+from specdec_eval.metrics import edit_similarity, exact_match, median, percentile
+from specdec_eval.points import Point
 
 WARMUP_POINTS = 3
 

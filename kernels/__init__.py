@@ -8,11 +8,11 @@ kernel where it is built (attention_cpu.py).
 
 import torch
 
-from kernels.attention_cpu import causal_attention_native
-from kernels.attention_torch import tree_attention_torch
-from kernels.dispatch import backend_for, configure_from_environment, set_backend
-from kernels.moe_torch import ExpertActivation, fused_moe_torch, moe_route_torch
-from kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4, uses_dot_scaled
+from specdec_kernels.attention_cpu import causal_attention_native
+from specdec_kernels.attention_torch import tree_attention_torch
+from specdec_kernels.dispatch import backend_for, configure_from_environment, set_backend
+from specdec_kernels.moe_torch import ExpertActivation, fused_moe_torch, moe_route_torch
+from specdec_kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4, uses_dot_scaled
 
 __all__ = ["moe_route", "fused_moe", "tree_attention", "ExpertActivation", "dequantize", "dequantize_mxfp4", "quantize_mxfp4",
            "backend_for", "configure_from_environment", "set_backend"]
@@ -24,7 +24,7 @@ def moe_route(router_logits, top_k: int, renormalize: bool, mode: str = "softmax
     if mode != "softmax_topk" or groups:
         return moe_route_torch(router_logits, top_k, renormalize, mode, groups)
     if backend_for(router_logits) == "triton":
-        from kernels.triton_moe import moe_route_triton
+        from specdec_kernels.triton_moe import moe_route_triton
 
         return moe_route_triton(router_logits, top_k, renormalize)
     return moe_route_torch(router_logits, top_k, renormalize)
@@ -46,7 +46,7 @@ def fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids, *, w1_scale=None, w2
     if act is not None:
         return fused_moe_torch(x, w_gate_up, w_down, topk_weights, topk_ids, act)
     if backend_for(x) == "triton":
-        from kernels.triton_moe import fused_moe_triton
+        from specdec_kernels.triton_moe import fused_moe_triton
 
         # The CPU model stores gate_up input-major (see Transformer._input_major_weights); the
         # kernels read the checkpoint layout (a no-op on CUDA, a copy under the interpreter).
@@ -63,7 +63,7 @@ def _fused_moe_mxfp4(x, w1_packed, w2_packed, topk_weights, topk_ids, w1_scales,
     if w1_scales is None or w2_scales is None:
         raise ValueError("MXFP4 (uint8) expert weights need their e8m0 scales (w1_scale, w2_scale)")
     if backend_for(x) == "triton" and uses_dot_scaled(x) and act is None:
-        from kernels.triton_mxfp4 import fused_moe_mxfp4_triton
+        from specdec_kernels.triton_mxfp4 import fused_moe_mxfp4_triton
 
         return fused_moe_mxfp4_triton(x, w1_packed, w1_scales, w2_packed, w2_scales, topk_weights, topk_ids)
     w_gate_up, w_down = dequantize_mxfp4(w1_packed, w1_scales, x.dtype), dequantize_mxfp4(w2_packed, w2_scales, x.dtype)
@@ -88,7 +88,7 @@ def tree_attention(q, k_cache, v_cache, cache_lens, tree_mask=None, scale=None, 
         return tree_attention_torch(q, k_cache, v_cache, cache_lens, tree_mask, scale, sinks=sinks, window=window,
                                     positions=positions)
     if backend_for(q) == "triton":
-        from kernels.triton_attention import tree_attention_triton
+        from specdec_kernels.triton_attention import tree_attention_triton
 
         return tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask, scale)
     if tree_mask is None:  # a causal run: a prompt's prefill

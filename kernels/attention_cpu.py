@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from kernels import cpu_decode
+from specdec_kernels import cpu_decode
 
 MIN_TOKENS = 48  # shorter runs: SDPA's fixed costs are small and the kernel gains nothing
 

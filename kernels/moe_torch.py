@@ -115,7 +115,7 @@ def _grouped_swiglu_eager(rows, w_gate_up, w_down, offsets, row_experts, bias_up
     return out if bias_down is None else out + bias_down[row_experts]
 
 
-@torch.library.custom_op("kernels::grouped_swiglu", mutates_args=())
+@torch.library.custom_op("specdec_kernels::grouped_swiglu", mutates_args=())
 def grouped_swiglu_op(rows: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, offsets: torch.Tensor,
                       row_experts: torch.Tensor, bias_up: torch.Tensor | None, bias_down: torch.Tensor | None,
                       limit: float | None, alpha: float) -> torch.Tensor:

@@ -74,7 +74,7 @@ def _tree_attention_kernel(q_ptr,  # [B, Hq, Tq, D]
 
 
 def tree_attention_triton(q, k_cache, v_cache, cache_lens, tree_mask=None, scale=None, q_lens=None, splits=None):
-    """Same contract as kernels.attention_torch.tree_attention_torch; q_lens [B] allows ragged new tokens."""
+    """Same contract as specdec_kernels.attention_torch.tree_attention_torch; q_lens [B] allows ragged new tokens."""
     assert q.ndim == 4 and k_cache.ndim == 4 and k_cache.shape == v_cache.shape, "q [B,Hq,Tq,D], k/v [B,Hkv,S,D]"
     batch, num_heads, num_new, head_dim = q.shape
     num_kv = k_cache.shape[1]

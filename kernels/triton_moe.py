@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.configs import launch_config
+from specdec_kernels.configs import launch_config
 
 # T = tokens, E = experts, H = hidden, I = expert intermediate, A = top_k, P = T * A pairs
 

@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.mxfp4 import GROUP
-from kernels.triton_moe import block_pairs, grouped_launch, store_silu_product, store_weighted
+from specdec_kernels.mxfp4 import GROUP
+from specdec_kernels.triton_moe import block_pairs, grouped_launch, store_silu_product, store_weighted
 
 
 @triton.jit

@@ -7,8 +7,8 @@ scheduler's thread builds the prompt); the handle it returns is awaited, streame
 import asyncio
 import hashlib
 
-from server.errors import ApiError
 from specdec import CompletionHandle, CompletionOptions, OptionsError, QueueFull, Result
+from specdec_server.errors import ApiError
 
 
 def document_key(client: str, options: CompletionOptions) -> str:

@@ -30,8 +30,8 @@ class ServeCommand:
         add_expert_parallel_arguments(parser)
 
     def run(self, args) -> int:
-        from server.main import load_engine, serve
-        from server.settings import Settings
+        from specdec_server.main import load_engine, serve
+        from specdec_server.settings import Settings
 
         settings = Settings.from_env(host=args.host, port=args.port, api_key=args.api_key, repo=args.repo,
                                      target=args.target, draft=args.draft, fim_mode=args.fim_mode,
@@ -54,8 +54,8 @@ def _serve_expert_parallel(settings, statistics) -> None:
     import os
     import signal
 
-    from server.main import load_engine, serve
     from specdec import default_model_dir, expert_parallel
+    from specdec_server.main import load_engine, serve
 
     def stop_server(reason: str) -> None:
         logging.getLogger("specdec.serve").error("stopping: %s", reason)
@@ -82,8 +82,8 @@ class LspCommand:
         import logging
         import sys
 
-        from server.lsp import run
         from specdec import Engine
+        from specdec_server.lsp import run
 
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol
         if args.tcp and not args.tcp.rpartition(":")[2].isdigit():

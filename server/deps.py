@@ -4,8 +4,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from server.errors import ApiError
-from server.schemas import parse_json
+from specdec_server.errors import ApiError
+from specdec_server.schemas import parse_json
 
 
 def get_state(request: Request):

@@ -20,8 +20,8 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
-from server.longlived import freeze_what_is_loaded, return_freed_caches, unfreeze
 from specdec import STRATEGIES, CompletionOptions
+from specdec_server.longlived import freeze_what_is_loaded, return_freed_caches, unfreeze
 
 log = logging.getLogger("specdec.lsp")
 

@@ -12,12 +12,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from server import openapi, routes_index, routes_infill, routes_openai, routes_ops
-from server.bridge import EngineBridge
-from server.errors import ApiError
-from server.longlived import freeze_what_is_loaded, return_freed_caches, unfreeze
-from server.metrics import Metrics
-from server.settings import Settings
+from specdec_server import openapi, routes_index, routes_infill, routes_openai, routes_ops
+from specdec_server.bridge import EngineBridge
+from specdec_server.errors import ApiError
+from specdec_server.longlived import freeze_what_is_loaded, return_freed_caches, unfreeze
+from specdec_server.metrics import Metrics
+from specdec_server.settings import Settings
 
 log = logging.getLogger("specdec.server")
 OPEN_PATHS = {"/health"}

@@ -5,8 +5,8 @@ errors that name the field, as llama.cpp's clients expect), so FastAPI cannot in
 are written here, with the server's own limits, for clients and for fuzzing (schemathesis).
 """
 
-from server.settings import Settings
 from specdec.options import FIM_MODES
+from specdec_server.settings import Settings
 
 
 def _string(limit: int) -> dict:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from fastapi import APIRouter
 
-from server.deps import BodyDep, StateDep
-from server.errors import ApiError
+from specdec_server.deps import BodyDep, StateDep
+from specdec_server.errors import ApiError
 
 router = APIRouter()
 

@@ -6,9 +6,9 @@ import math
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from server.bridge import document_key, slot_key
-from server.deps import BodyDep, StateDep
-from server.schemas import infill_request
+from specdec_server.bridge import document_key, slot_key
+from specdec_server.deps import BodyDep, StateDep
+from specdec_server.schemas import infill_request
 
 router = APIRouter()
 STOP_TYPES = {"eos": "eos", "newline": "eos", "dedent": "eos", "suffix": "eos", "repeat": "eos", "limit": "limit", "time": "limit", "busy": "limit",

@@ -7,9 +7,9 @@ import uuid
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from server.bridge import document_key
-from server.deps import BodyDep, StateDep
-from server.schemas import completions_request
+from specdec_server.bridge import document_key
+from specdec_server.deps import BodyDep, StateDep
+from specdec_server.schemas import completions_request
 
 router = APIRouter()
 

@@ -3,7 +3,7 @@
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
-from server.deps import StateDep
+from specdec_server.deps import StateDep
 
 router = APIRouter()
 

@@ -2,10 +2,10 @@
 
 import json
 
-from server.errors import ApiError
-from server.settings import Settings
 from specdec import CompletionOptions, OptionsError
 from specdec.options import FIM_MODES
+from specdec_server.errors import ApiError
+from specdec_server.settings import Settings
 
 
 def _options(**fields) -> CompletionOptions:

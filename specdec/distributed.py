@@ -201,7 +201,7 @@ def rank_loads(load, layout: list[list[int]]) -> list[float]:
 
 
 def read_statistics(path) -> list[list[int]]:
-    """Tokens per expert per MoE layer from a saved file: a results.json of `python -m eval`
+    """Tokens per expert per MoE layer from a saved file: a results.json of `python -m specdec_eval`
     ("expert_load": {"tokens_per_expert": ...}) or {"tokens_per_expert": [[...], ...]}."""
     try:
         data = json.loads(Path(path).read_text())

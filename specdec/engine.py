@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import kernels
+import specdec_kernels as kernels
 from specdec.adapted import adapted_draft_for, check_fits
 from specdec.budget import VerifyCost
 from specdec.eagle import is_eagle3, load_eagle3

@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-import kernels
+import specdec_kernels as kernels
 from specdec import native
 from specdec.distributed import OP_FORWARD, OP_HEARTBEAT, OP_STOP, Channel, ExpertParallelError, placement
 from specdec.kvcache import KVCache

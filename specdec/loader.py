@@ -216,7 +216,7 @@ def _gpt_oss_tensors(checkpoint, path: Path):
     input-major ([E, H, 2I] with gate and up interleaved, [E, I, H]) or as MXFP4 blocks and
     scales ([E, out, in/32, 16], [E, out, in/32]), and become [E, 2I, H] (gate rows first) and
     [E, H, I]. MXFP4 experts are decoded here (the layout the MXFP4 kernels read is the same)."""
-    from kernels import dequantize_mxfp4
+    from specdec_kernels import dequantize_mxfp4
 
     pending = {}
     for name, tensor in checkpoint:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernels
+import specdec_kernels as kernels
 from specdec.config import ModelConfig
 from specdec.expert_stats import COUNT_EVERY, ExpertStatistics
 from specdec.kvcache import KVCache, under_inference_mode

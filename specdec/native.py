@@ -24,9 +24,9 @@ import os
 import numpy as np
 import torch
 
-from kernels import cpu_decode
 from specdec.model import Attention, DenseMLP, SparseMoeBlock, Transformer
 from specdec.ops import CpuLogitsHead, Projection, rope_inverse_frequencies
+from specdec_kernels import cpu_decode
 
 log = logging.getLogger(__name__)
 

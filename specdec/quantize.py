@@ -21,10 +21,10 @@ multi-head latent attention, whose up-projection is read as a matrix, not throug
 import torch
 from torch import nn
 
-from kernels.moe_torch import sum_over_experts, sum_over_slots, swiglu
 from specdec import native
 from specdec.model import Attention, DenseMLP, GeluMLP, SparseMoeBlock, Transformer
 from specdec.ops import Projection
+from specdec_kernels.moe_torch import sum_over_experts, sum_over_slots, swiglu
 
 QUANTIZATIONS = ("auto", "none", "int8")
 

@@ -1,6 +1,15 @@
 """Shared fixtures: tiny real checkpoints written by transformers (offline, from configs)."""
 
 import os
+import sys
+from pathlib import Path
+
+# The tests import the project as installed (specdec_kernels, specdec_server, specdec_eval). The
+# repository root is on the path only for `bench` and `tests`, and after site-packages: first,
+# its folders kernels/, server/ and eval/ would shadow installed packages of those names
+# (transformers imports Hugging Face's `kernels`). pyproject's --import-mode=importlib keeps
+# pytest itself from putting the root first.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 # Triton kernels run in its interpreter on machines without a GPU (must be set before triton loads).
 os.environ.setdefault("TRITON_INTERPRET", "1")

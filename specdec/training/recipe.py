@@ -138,7 +138,7 @@ def _attention(attn, h, cos, sin):
 
 def _moe(block: SparseMoeBlock, h):
     """Routed experts plus the Switch-Transformer balance loss E * sum_e(fraction_e * mean_prob_e)."""
-    from kernels.moe_torch import fused_moe_torch
+    from specdec_kernels.moe_torch import fused_moe_torch
 
     probs = torch.softmax(block.gate(h), dim=-1, dtype=torch.float32)  # [N, E]
     weights, ids = torch.topk(probs, block.top_k, dim=-1)

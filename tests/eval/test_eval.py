@@ -2,11 +2,11 @@
 
 import json
 
-from eval.__main__ import main as eval_main
-from eval.metrics import edit_similarity, exact_match, levenshtein, percentile
-from eval.points import Point, block_end, sample_points
-from eval.runner import prepare_point, summarize
 from prefixcache import Index
+from specdec_eval.__main__ import main as eval_main
+from specdec_eval.metrics import edit_similarity, exact_match, levenshtein, percentile
+from specdec_eval.points import Point, block_end, sample_points
+from specdec_eval.runner import prepare_point, summarize
 
 
 def test_metrics_hand_checked():

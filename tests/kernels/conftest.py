@@ -2,7 +2,7 @@
 
 import pytest
 
-from kernels.dispatch import set_backend
+from specdec_kernels.dispatch import set_backend
 
 
 @pytest.fixture(autouse=True)

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels import attention_cpu, cpu_decode
+import specdec_kernels as kernels
+from specdec_kernels import attention_cpu, cpu_decode
 
 needs_native = pytest.mark.skipif(cpu_decode.library() is None, reason="no C compiler for the native library")
 

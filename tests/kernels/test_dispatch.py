@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-import kernels
-from kernels.dispatch import backend_for, configure_from_environment, set_backend
+import specdec_kernels as kernels
+from specdec_kernels.dispatch import backend_for, configure_from_environment, set_backend
 
 
 def test_backend_choice(monkeypatch):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-import kernels
+import specdec_kernels as kernels
 from specdec import Engine
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")

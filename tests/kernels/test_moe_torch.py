@@ -5,7 +5,7 @@ autograd (which takes the per-expert path)."""
 import pytest
 import torch
 
-from kernels.moe_torch import ExpertActivation, _per_expert, fused_moe_torch, grouped_moe, moe_route_torch
+from specdec_kernels.moe_torch import ExpertActivation, _per_expert, fused_moe_torch, grouped_moe, moe_route_torch
 
 
 def _experts(num_experts=6, hidden=40, inter=24, seed=0):

@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
-import kernels
-from kernels.moe_torch import fused_moe_torch, moe_route_torch
-from kernels.mxfp4 import E2M1_VALUES, dequantize_mxfp4, quantize_mxfp4
+import specdec_kernels as kernels
+from specdec_kernels.moe_torch import fused_moe_torch, moe_route_torch
+from specdec_kernels.mxfp4 import E2M1_VALUES, dequantize_mxfp4, quantize_mxfp4
 
 
 def rel_err(a, b):
@@ -48,7 +48,7 @@ def _inputs(tokens, experts, hidden, inter, k, empty=()):
     (13, 8, 64, 96, 2, (1, 6)),  # ragged, experts with no tokens, I not a power of two
 ])
 def test_dot_scaled_kernels_match_the_dequantised_reference(tokens, experts, hidden, inter, k, empty, monkeypatch):
-    from kernels.triton_mxfp4 import fused_moe_mxfp4_triton
+    from specdec_kernels.triton_mxfp4 import fused_moe_mxfp4_triton
 
     x, (p1, s1), (p2, s2), weights, ids = _inputs(tokens, experts, hidden, inter, k, empty)
     got = fused_moe_mxfp4_triton(x, p1, s1, p2, s2, weights, ids)

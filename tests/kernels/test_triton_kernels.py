@@ -5,10 +5,10 @@ import os
 import pytest
 import torch
 
-from kernels.attention_torch import tree_attention_torch
-from kernels.moe_torch import fused_moe_torch, moe_route_torch
-from kernels.triton_attention import tree_attention_triton
-from kernels.triton_moe import align_by_expert, fused_moe_triton, moe_route_triton
+from specdec_kernels.attention_torch import tree_attention_torch
+from specdec_kernels.moe_torch import fused_moe_torch, moe_route_torch
+from specdec_kernels.triton_attention import tree_attention_triton
+from specdec_kernels.triton_moe import align_by_expert, fused_moe_triton, moe_route_triton
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                 reason="needs a GPU or TRITON_INTERPRET=1")

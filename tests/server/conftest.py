@@ -7,9 +7,9 @@ import pytest
 import uvicorn
 
 from prefixcache import Index
-from server.main import create_app
-from server.settings import Settings
 from specdec import Engine, load_model
+from specdec_server.main import create_app
+from specdec_server.settings import Settings
 from tests.helpers import free_port
 
 REPO_FILES = {

@@ -154,7 +154,7 @@ def test_what_the_server_loaded_is_kept_out_of_full_collections(models, repo):
 _HEAP_CHILD = """
 import sys
 import torch
-from server.longlived import return_freed_caches
+from specdec_server.longlived import return_freed_caches
 
 def anon_mb():
     line = next(l for l in open("/proc/self/status") if l.startswith("RssAnon:"))

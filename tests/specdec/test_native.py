@@ -115,7 +115,7 @@ def test_rewriting_a_model_drops_its_native_step(tiny_models):
 
 def test_without_a_compiler_models_decode_eagerly(tiny_models, tmp_path):
     """No C compiler: a warning, and the same tokens from the eager step."""
-    script = ("import torch; from specdec import load_model, Segment; from kernels import cpu_decode\n"
+    script = ("import torch; from specdec import load_model, Segment; from specdec_kernels import cpu_decode\n"
               f"m = load_model({str(tiny_models[0])!r})\n"
               "c = m.new_cache(); out = m(torch.tensor([5]), torch.tensor([0]), [Segment(c, 1)])\n"
               "print(m.native_step is None, out.shape[-1], cpu_decode.why_not())\n")

@@ -159,7 +159,7 @@ def _gpt_oss_experts_as_mxfp4(directory, out):
 
     from safetensors.torch import load_file, save_file
 
-    from kernels import dequantize_mxfp4, quantize_mxfp4
+    from specdec_kernels import dequantize_mxfp4, quantize_mxfp4
 
     shutil.copytree(directory, out)
     tensors, dequantized = load_file(str(out / "model.safetensors")), {}
