@@ -6,7 +6,12 @@ On the CPU a long causal run's attention (a prompt's prefill) goes to the native
 kernel where it is built (attention_cpu.py).
 """
 
-import torch
+if __name__ != "specdec_kernels":  # found by its folder's name: the repository root is first on sys.path
+    raise ImportError(f"{__file__} is specdec_kernels, found here as {__name__!r} because the repository root comes "
+                      "before site-packages on sys.path (Hugging Face's `kernels`, which transformers imports, is "
+                      "another package); run Python from another folder, or with -P")
+
+import torch  # noqa: E402
 
 from specdec_kernels.attention_cpu import causal_attention_native
 from specdec_kernels.attention_torch import tree_attention_torch
