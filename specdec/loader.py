@@ -1,4 +1,5 @@
-"""Loading (and saving) Hugging Face checkpoint directories: config.json, safetensors, tokenizer.json.
+"""Loading (and saving) Hugging Face checkpoint directories: config.json, safetensors, tokenizer.json;
+and loading GGUF files (gguf_checkpoint.py), whose tensors arrive under the same names.
 
 Per-expert checkpoint tensors (Qwen3-MoE's mlp.experts.{e}.gate_proj/up_proj/down_proj,
 Mixtral's block_sparse_moe.experts.{e}.w1/w3/w2) are stacked into the fused layout the kernels
@@ -22,6 +23,7 @@ from safetensors.torch import save_file
 
 from specdec import native
 from specdec.config import GPT_OSS, ModelConfig
+from specdec.gguf_checkpoint import GgufCheckpoint, is_gguf
 from specdec.model import SparseMoeBlock, Transformer
 
 _PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
@@ -38,16 +40,38 @@ class CheckpointError(ValueError):
 
 
 def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = None) -> Transformer:
-    """An HF-layout directory -> Transformer in eval mode, with .tokenizer when tokenizer.json exists.
+    """An HF-layout directory or a .gguf file -> Transformer in eval mode, with .tokenizer when the
+    checkpoint has one (tokenizer.json, or a GGUF file's vocabulary).
 
     experts {MoE layer: [global expert ids]}: keep only those experts of each layer, in that
     order (expert parallelism); the other experts' tensors are never read from disk."""
     path = Path(path)
     dtype = _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if is_gguf(path):
+        return _load_gguf(path, dtype, device, experts)
     if not path.is_dir():
-        raise CheckpointError(f"{path}: not a directory; expected a Hugging Face model directory")
+        raise CheckpointError(f"{path}: not a directory or a GGUF file; expected a Hugging Face model directory "
+                              "or a .gguf file")
     cfg = ModelConfig.from_file(path / "config.json")
     check_fits_memory(path, dtype, device, experts)
+    checkpoint = _fp8_dequantized(_iter_checkpoint(path, _expert_filter(experts)), _fp8_block(cfg), path)
+    if cfg.architecture == GPT_OSS:
+        checkpoint = _gpt_oss_tensors(checkpoint, path)
+    return _assemble(path, cfg, checkpoint, _load_tokenizer(path), dtype, device, experts)
+
+
+def _load_gguf(path: Path, dtype, device, experts: dict | None) -> Transformer:
+    from specdec.gguf_tokenizer import tokenizer_from_gguf
+
+    checkpoint = GgufCheckpoint(path)
+    cfg = ModelConfig.from_dict(checkpoint.raw_config())
+    _refuse_unless_fits(path, checkpoint.weight_bytes(dtype, _expert_filter(experts)), dtype, device)
+    tokenizer = tokenizer_from_gguf(checkpoint)
+    return _assemble(path, cfg, checkpoint.iter_tensors(_expert_filter(experts)), tokenizer, dtype, device, experts)
+
+
+def _assemble(path: Path, cfg: ModelConfig, checkpoint, tokenizer, dtype, device, experts) -> Transformer:
+    """A Transformer of `cfg` with the checkpoint's (name, tensor) pairs assigned, ready to run."""
     with torch.device("meta"):
         model = Transformer(cfg)
         if experts is not None:
@@ -55,12 +79,13 @@ def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = N
     expected = {k: v.shape for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight")
-    model.load_state_dict(_read_tensors(path, cfg, expected, dtype, device, experts), strict=False, assign=True)
+    model.load_state_dict(_read_tensors(path, cfg, checkpoint, expected, dtype, device, experts), strict=False,
+                          assign=True)
     model.tie_weights()
     for module in model.modules():
         if isinstance(module, SparseMoeBlock):
             module.tokens_per_expert = torch.zeros(cfg.num_experts, dtype=torch.long, device=device)
-    model.tokenizer = _load_tokenizer(path)
+    model.tokenizer = tokenizer
     model.path = path
     model.fuse_for_inference()
     native.bind(model)
@@ -105,7 +130,11 @@ def available_bytes(device) -> int:
 
 def check_fits_memory(path: Path, dtype, device, experts: dict | None = None) -> None:
     """Refuse, before reading any weight, a model that will not fit where it is loaded."""
-    need, free = weight_bytes(path, dtype, experts) * HEADROOM, available_bytes(device)
+    _refuse_unless_fits(path, weight_bytes(path, dtype, experts), dtype, device)
+
+
+def _refuse_unless_fits(path: Path, weights: int, dtype, device) -> None:
+    need, free = weights * HEADROOM, available_bytes(device)
     if need > free:
         raise CheckpointError(f"{path}: the weights need about {need / 2**30:.1f} GiB in {dtype} (with "
                               f"{HEADROOM - 1:.0%} headroom) but {device} has {free / 2**30:.1f} GiB free; use a "
@@ -136,11 +165,9 @@ def _expert_filter(experts: dict | None):
     return rows
 
 
-def _read_tensors(path: Path, cfg: ModelConfig, expected: dict, dtype, device, shard: dict | None = None) -> dict:
+def _read_tensors(path: Path, cfg: ModelConfig, checkpoint, expected: dict, dtype, device,
+                  shard: dict | None = None) -> dict:
     tensors, experts, unexpected = {}, {}, []
-    checkpoint = _fp8_dequantized(_iter_checkpoint(path, _expert_filter(shard)), _fp8_block(cfg), path)
-    if cfg.architecture == GPT_OSS:
-        checkpoint = _gpt_oss_tensors(checkpoint, path)
     for name, tensor in checkpoint:
         name = _canonical_name(name)
         tensor = tensor.to(device=device, dtype=dtype)

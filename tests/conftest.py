@@ -15,8 +15,21 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+import atexit
+import shutil
+import tempfile
+
 import pytest
 import torch
+
+from specdec.model_cache import models_home
+
+# Where scripts/setup.sh pulled the real models (tests/specdec/test_real_model.py reads them there).
+# Everything else runs with an empty models cache, so that a CLI or server under test with no
+# --target serves the embedded models, as the tests expect, whatever this machine has pulled.
+PULLED_MODELS = models_home()
+os.environ["SPECDEC_HOME"] = tempfile.mkdtemp(prefix="specdec-test-models-")
+atexit.register(shutil.rmtree, os.environ["SPECDEC_HOME"], True)
 
 # The test models are tiny: intra-op threads only add synchronisation (and stall badly when
 # another process holds the cores).

@@ -2,6 +2,7 @@
 copy test, FIM splices that parse, and draft-target agreement.
 
     python -m specdec.training.evaluate [--models DIR] [--points 200] [--out DIR/evaluation.json]
+    python -m specdec.training.evaluate --target FILE.gguf|DIR --out FILE.json   # one model, no draft
 
 Every figure is on packages never trained on (corpus.HELD_OUT), at points drawn with a fixed seed:
 - bits_per_char: the first 1,024 tokens of 40 files, no header;
@@ -240,7 +241,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="write the figures here (default: MODELS/evaluation.json)")
     parser.add_argument("--run", type=Path, help="a training run directory (its checkpoint) as the target")
     parser.add_argument("--bpc-only", action="store_true", help="only bits per character (comparing shapes)")
+    parser.add_argument("--target", type=Path, help="evaluate this model alone (a .gguf file or an HF directory)")
     args = parser.parse_args(argv)
+    if args.target and not args.out:
+        parser.error("--target needs --out (the shipped models' evaluation.json is theirs)")
     _, held_out = load_corpus(args.runs / "corpus" / "downloads")
     if args.run:
         target = checkpoint_model(args.run)
@@ -249,6 +253,8 @@ def main(argv=None) -> int:
         if args.bpc_only:
             return 0
         models = {"target": target, "draft": None}
+    elif args.target:
+        models = {"target": load_model(args.target), "draft": None}
     else:
         models = {}
         for name in ("target", "draft"):
@@ -257,7 +263,7 @@ def main(argv=None) -> int:
     if models["target"] is None:
         raise SystemExit(f"{args.models}/target: no model there")
     head = None
-    if not args.run and is_eagle3(args.models / "head"):
+    if not args.run and not args.target and is_eagle3(args.models / "head"):
         head = load_eagle3(args.models / "head", models["target"])
     report = evaluate(models["target"], models["draft"], held_out, args.points, args.seed, head)
     text = json.dumps(report, indent=2) + "\n"

@@ -1,0 +1,71 @@
+"""The real default model (Qwen2.5-Coder-0.5B-Instruct, GGUF), when it is pulled: `scripts/setup.sh`
+pulls it, so CI runs these; elsewhere they skip and say how to pull it."""
+
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec import Engine, load_model
+from specdec.model_cache import installed_path
+from tests.conftest import PULLED_MODELS
+
+NAME = "qwen2.5-coder-0.5b"
+PATH = installed_path(NAME, PULLED_MODELS)
+pytestmark = pytest.mark.skipif(PATH is None, reason=f"{NAME} is not pulled (specdec models pull {NAME})")
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+POINT = "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self."
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(PATH)
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+    engine = Engine(model, None, None, warm_up=False)
+    yield engine
+    engine.stop()
+
+
+def test_the_default_completes_the_point_class(engine):
+    result = engine.complete(POINT, "", max_tokens=24, strategy="ar")
+    assert result.text.rstrip("\n") == "y = y"
+    assert engine.complete(POINT, "", max_tokens=24, strategy="hybrid").tokens == result.tokens  # lossless
+
+
+@pytest.mark.parametrize(("prefix", "suffix", "completion"), [
+    ("import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument(\n    '--verbose',\n"
+     "    action='store_true',\n    help='print more',\n)\nparser.add_argument(\n    '--descri", "\n)\n", "ption',"),
+    ("def compute_total(items):\n    total = 0\n    for item in items:\n        total += item.pri",
+     "\n    return total\n", "ce"),
+])
+def test_a_cursor_inside_a_word_completes_the_word(engine, prefix, suffix, completion):
+    """Once empty: the engine returned '' where the plain FIM prompt writes the rest of the word."""
+    text = engine.complete(prefix, suffix, max_tokens=16, strategy="ar", mode="single").text
+    assert text.startswith(completion), text
+
+
+def test_the_tokenizer_gives_transformers_ids_for_the_same_file(model):
+    from transformers import AutoTokenizer
+
+    theirs = AutoTokenizer.from_pretrained(str(PATH.parent), gguf_file=PATH.name)
+    files = sorted(STDLIB.glob("*.py"))[:40]
+    assert len(files) == 40
+    for file in files:
+        text = file.read_text(encoding="utf-8", errors="replace")
+        assert model.tokenizer.encode(text).ids == theirs.encode(text, add_special_tokens=False), file.name
+
+
+def test_the_logits_match_transformers_own_gguf_load(model):
+    pytest.importorskip("accelerate")  # transformers needs it to read GGUF files
+    from transformers import AutoModelForCausalLM
+
+    theirs = AutoModelForCausalLM.from_pretrained(str(PATH.parent), gguf_file=PATH.name, dtype=torch.float32).eval()
+    ids = torch.tensor([model.tokenizer.encode((STDLIB / "textwrap.py").read_text()).ids[:96]])
+    with torch.no_grad():
+        ours, reference = model.logits(ids), theirs(ids).logits
+    assert (ours - reference).abs().max() / reference.abs().max() < 1e-3
+    assert torch.equal(ours.argmax(-1), reference.argmax(-1))
