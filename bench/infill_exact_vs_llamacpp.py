@@ -3,11 +3,11 @@
     python bench/infill_exact_vs_llamacpp.py --repo REPO --llamacpp LLAMA_CPP_DIR [--gguf FILE]
                                              [--points 30] [--seed 0] [--threads 2] [--out FILE]
 
-Bodies as llama.vim sends them: 120 lines before the cursor's line (input_prefix), the cursor's
-line up to the cursor (prompt), the rest of that line and 40 lines after (input_suffix). The
-cursor is 4 characters past a line's indentation; then one more character is typed, and that
-second request is the one scored (its prompt is the first one's plus a character, as while
-typing). Both servers decode greedily (llama-server: top_k 1). A point is an exact match when the
+Bodies as llama.vim sends them while a line is being typed: 120 lines before the cursor's line
+(input_prefix), the cursor's line up to the cursor (prompt), and the 40 lines after it
+(input_suffix; nothing follows the cursor on its line, as when typing at its end). The cursor is
+4 characters past a line's indentation; then one more character is typed, and that second
+request is the one scored (its prompt is the first one's plus a character, as while typing). Both servers decode greedily (llama-server: top_k 1). A point is an exact match when the
 answer's first line equals the rest of the file's line after the cursor (trailing blanks
 ignored). GGUF defaults to the pulled default model. Each server runs alone in turn.
 """
@@ -51,7 +51,7 @@ def points(repo: Path, count: int, seed: int) -> list[dict]:
 def _body(lines: list, row: int, cursor: int) -> dict:
     line = lines[row]
     return {"input_prefix": "".join(f"{text}\n" for text in lines[max(0, row - BEFORE) : row]),
-            "prompt": line[:cursor], "input_suffix": line[cursor:] + "\n" + "\n".join(lines[row + 1 : row + 1 + AFTER]),
+            "prompt": line[:cursor], "input_suffix": "\n" + "\n".join(lines[row + 1 : row + 1 + AFTER]),
             "input_extra": [], "n_predict": 64, "temperature": 0, "top_k": 1, "samplers": ["top_k"],
             "cache_prompt": True, "stream": False, "t_max_predict_ms": 5000}
 

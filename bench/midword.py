@@ -1,6 +1,6 @@
 """Completions at a cursor inside a word, against the plain FIM prompt with no healing.
 
-    python bench/midword.py --repo REPO [--points 50] [--seed 0] [--target FILE] [--out FILE.json]
+    python bench/midword.py --repo REPO [--points 50] [--seed 0] [--target FILE] [--quantize int8] [--out FILE.json]
 
 Each point is a random identifier of 6 or more characters in a random Python file of REPO, cut
 after 3 or more of its characters, with nothing after the cursor on its line (the user is typing
@@ -23,6 +23,7 @@ import torch
 
 from specdec import Engine, Segment, load_model
 from specdec.model_cache import default_target
+from specdec.quantize import quantize_target
 
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{5,}")
 PREFIX_CHARS, SUFFIX_CHARS, MAX_TOKENS = 1500, 400, 24
@@ -81,13 +82,14 @@ def main() -> int:
     parser.add_argument("--points", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", type=Path)
+    parser.add_argument("--quantize", default="none", help="the target's weights as `specdec serve --quantize` takes them")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     target = args.target or default_target()[1]
     if target is None:
         print("no --target and the default model is not pulled", file=sys.stderr)
         return 2
-    model = load_model(target)
+    model = quantize_target(load_model(target), args.quantize)
     engine = Engine(model, None, None, warm_up=False)
     rows = []
     for number, point in enumerate(sample_points(args.repo, args.points, args.seed), 1):
@@ -98,7 +100,7 @@ def main() -> int:
         print(f"{number:3d} {time.perf_counter() - started:5.1f}s {point['prefix'][-20:]!r} -> ours {ours!r} "
               f"plain {plain!r} file {point['expected']!r}", file=sys.stderr, flush=True)
     summary = {
-        "points": len(rows), "target": str(target), "repo": str(args.repo), "seed": args.seed,
+        "points": len(rows), "target": str(target), "quantize": args.quantize, "repo": str(args.repo), "seed": args.seed,
         "ours_empty": sum(not r["ours"].strip() for r in rows),
         "plain_empty": sum(not r["plain"].strip() for r in rows),
         "ours_empty_where_plain_is_not": sum(not r["ours"].strip() and bool(r["plain"].strip()) for r in rows),
