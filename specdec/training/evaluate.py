@@ -206,6 +206,23 @@ def _parses(text: str) -> bool:
         return False
 
 
+def model_figures(name: str, model, files, line_points, copies, points: int, seed: int) -> dict:
+    """One model's figures, each printed to stderr when done (a real model takes hours)."""
+    engine = Engine(model)
+    figures = {
+        "bits_per_char": lambda: validation_metrics(model, model.tokenizer, files[:40], max_tokens=10**9)["bits_per_char"],
+        "next_line_exact_match": lambda: exact_rate(engine, line_points),
+        "copy_test": lambda: exact_rate(engine, copies),
+        "fim_parses": lambda: fim_parse_rate(engine, files, max(20, points // 4), seed),
+        "repeat_recall": lambda: repeat_recall(model, files),
+    }
+    report = {}
+    for figure, measure in figures.items():
+        report[figure] = measure()
+        print(name, figure, json.dumps(report[figure]), file=sys.stderr, flush=True)
+    return report
+
+
 def evaluate(target, draft, held_out, points: int, seed: int, head=None) -> dict:
     files = by_hash(held_out)
     line_points = next_line_points(files, points, seed)
@@ -216,15 +233,7 @@ def evaluate(target, draft, held_out, points: int, seed: int, head=None) -> dict
     for name, model in (("target", target), ("draft", draft)):
         if model is None:
             continue
-        engine = Engine(model)
-        report[name] = {
-            "bits_per_char": validation_metrics(model, model.tokenizer, files[:40], max_tokens=10**9)["bits_per_char"],
-            "next_line_exact_match": exact_rate(engine, line_points),
-            "copy_test": exact_rate(engine, copies),
-            "fim_parses": fim_parse_rate(engine, files, max(20, points // 4), seed),
-            "repeat_recall": repeat_recall(model, files),
-        }
-        print(name, json.dumps(report[name]), file=sys.stderr, flush=True)
+        report[name] = model_figures(name, model, files, line_points, copies, points, seed)
     if target is not None and draft is not None:
         report["draft_agreement"] = draft_agreement(target, draft, files)
     if target is not None and head is not None:
