@@ -166,7 +166,7 @@ class GgufCheckpoint:
             if rows is not None and not rows:
                 continue
             values = self._dequantized(tensor, rows)
-            part = _BLOCK.match(name).group(2) if _BLOCK.match(name) else ""
+            part = _block_part(name)
             if part in _EXPERT_STACKS:  # gate and up: joined once both are read
                 halves = stacks.setdefault(hf, {})
                 halves[part] = values
@@ -203,6 +203,12 @@ class GgufCheckpoint:
         if part == "ffn_gate_inp_shexp.weight":
             return values.reshape(1, -1)
         return values
+
+
+def _block_part(name: str) -> str:
+    """`attn_q.weight` of `blk.3.attn_q.weight`; "" for a tensor outside the blocks."""
+    match = _BLOCK.match(name)
+    return match.group(2) if match else ""
 
 
 def _unpermute_rotary(values: torch.Tensor, heads: int) -> torch.Tensor:

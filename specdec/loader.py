@@ -63,11 +63,11 @@ def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = N
 def _load_gguf(path: Path, dtype, device, experts: dict | None) -> Transformer:
     from specdec.gguf_tokenizer import tokenizer_from_gguf
 
-    checkpoint = GgufCheckpoint(path)
+    checkpoint, rows_of = GgufCheckpoint(path), _expert_filter(experts)
     cfg = ModelConfig.from_dict(checkpoint.raw_config())
-    _refuse_unless_fits(path, checkpoint.weight_bytes(dtype, _expert_filter(experts)), dtype, device)
+    _refuse_unless_fits(path, checkpoint.weight_bytes(dtype, rows_of), dtype, device)
     tokenizer = tokenizer_from_gguf(checkpoint)
-    return _assemble(path, cfg, checkpoint.iter_tensors(_expert_filter(experts)), tokenizer, dtype, device, experts)
+    return _assemble(path, cfg, checkpoint.iter_tensors(rows_of), tokenizer, dtype, device, experts)
 
 
 def _assemble(path: Path, cfg: ModelConfig, checkpoint, tokenizer, dtype, device, experts) -> Transformer:

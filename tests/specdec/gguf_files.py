@@ -5,6 +5,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdec.detokenize import _byte_alphabet
+
 # transformers name part -> llama.cpp's, as its converter writes them
 BLOCK_PARTS = {
     "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -28,14 +30,7 @@ FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"]
 
 def byte_alphabet() -> list[str]:
     """GPT-2's printable spelling of the 256 bytes, the alphabet of byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    spelled, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            spelled[byte] = chr(byte)
-        else:
-            spelled[byte] = chr(256 + extra)
-            extra += 1
+    spelled = _byte_alphabet()
     return [spelled[b] for b in range(256)]
 
 
