@@ -4,6 +4,8 @@ against llama.cpp's llama-bench on the same weights, depths and thread count.
     python bench/bench_decode.py [--models DIR] [--threads 2] [--rounds 5] [--depths 512,1200,2048]
                                  [--variants native,eager,int8,compiled] [--llamacpp LLAMA_CPP_DIR]
                                  [--out bench/results/bench_decode.json]
+    python bench/bench_decode.py --target FILE.gguf --variants packed,native --depths 0,512,1024 \
+                                 --no-transformers --llamacpp LLAMA_CPP_DIR   # a real model, its own GGUF
 
 Figures, each the median over rounds that interleave every contender (a slow spell of the
 machine then hits all alike):
@@ -13,10 +15,12 @@ machine then hits all alike):
   that of 1, over 32), with the greedy tokens checked equal to ours;
 - prefill: tokens/s of a 1,024-token prompt (llama-bench -p 1024);
 - verify: ms of one forward of 16 new tokens over 1,200 cached (llama-bench -p 16 -d 1200);
+- pass: ms of one forward of 1, 2, 4, 8, 16 and 32 new tokens over 512 cached (llama-bench -p N -d 512);
 - start-up: seconds to load each variant (and to compile it).
 
-LLAMA_CPP_DIR is a llama.cpp source tree with build/bin/llama-bench built. The target is
-converted to GGUF f32 with the tree's own convert_hf_to_gguf.py; its tokenizer's pre-tokenizer
+LLAMA_CPP_DIR is a llama.cpp source tree with build/bin/llama-bench built. With --target, both
+read that GGUF file (variants: packed, the 8-bit blocks served by default; native, its weights
+dequantized to fp32; int8). Otherwise the embedded target is converted to GGUF f32 with the tree's own convert_hf_to_gguf.py; its tokenizer's pre-tokenizer
 is unknown to the converter, which is told to take it as qwen2: right for timing, which reads
 no text, not for quality. llama.cpp is a measuring stick here, never a dependency.
 """
@@ -54,7 +58,9 @@ def code_tokens(tokenizer, count: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def ours_decode(model, ids, depth: int) -> tuple[float, list]:
-    """ms per token of NEW_TOKENS greedy steps after `depth` prefilled tokens, and the tokens."""
+    """ms per token of NEW_TOKENS greedy steps after `depth` prefilled tokens (at least one), and
+    the tokens."""
+    depth = max(depth, 1)
     cache = model.new_cache(depth + NEW_TOKENS + 1)
     logits = model(ids[:depth], torch.arange(depth), [Segment(cache, depth)], logits_rows=[depth - 1])
     cache.keep_all()
@@ -86,6 +92,20 @@ def ours_verify(model, ids, context: int = 1200, new: int = 16) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+PASS_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+@torch.inference_mode()
+def ours_pass(model, ids, new: int, context: int = 512) -> float:
+    """ms of one forward of `new` causal tokens over `context` cached ones."""
+    cache = model.new_cache(context + new)
+    model(ids[:context], torch.arange(context), [Segment(cache, context)], logits_rows=[context - 1])
+    cache.keep_all()
+    started = time.perf_counter()
+    model(ids[context : context + new], torch.arange(context, context + new), [Segment(cache, new)])
+    return (time.perf_counter() - started) * 1000
+
+
 @torch.inference_mode()
 def hf_decode(model, ids, depth: int) -> tuple[float, list]:
     def generate(new):
@@ -98,10 +118,14 @@ def hf_decode(model, ids, depth: int) -> tuple[float, list]:
     return (all_ms - first_ms) / NEW_TOKENS, tokens[:NEW_TOKENS]
 
 
-def load_variant(models: Path, variant: str):
+def load_variant(models: Path, variant: str, target: Path | None = None):
     """(model, seconds to load it ready, compile included)."""
     started = time.perf_counter()
-    model = load_model(models / "target")  # with the native step where it runs
+    if variant == "packed":
+        if target is None:
+            raise SystemExit("packed needs --target FILE.gguf")
+        return load_model(target, packed=True), time.perf_counter() - started
+    model = load_model(target or models / "target")  # with the native step where it runs
     if variant == "eager":
         model.native_step = None
     elif variant == "native":
@@ -125,12 +149,14 @@ def load_variant(models: Path, variant: str):
 class LlamaBench:
     """llama-bench on the target converted to GGUF f32, one run per call (so rounds interleave)."""
 
-    def __init__(self, tree: Path, models: Path, threads: int, workdir: Path):
+    def __init__(self, tree: Path, models: Path, threads: int, workdir: Path, target: Path | None = None):
         tree = tree.resolve()
         self.binary = tree / "build" / "bin" / "llama-bench"
         if not self.binary.exists():
             raise SystemExit(f"{self.binary}: not built (cmake -B build && cmake --build build --target llama-bench)")
-        self.gguf, self.threads = workdir / "target-f32.gguf", threads
+        self.gguf, self.threads = target or workdir / "target-f32.gguf", threads
+        if target is not None:  # the very file we read
+            return
         script = workdir / "convert.py"
         script.write_text(CONVERT)
         done = subprocess.run([sys.executable, str(script), str(tree), str(models.resolve() / "target"),
@@ -154,6 +180,10 @@ class LlamaBench:
     def verify_ms(self) -> float:
         return 16 * 1000 / self.run("-p", "16", "-n", "0", "-d", "1200")[0]["avg_ts"]
 
+    def pass_ms(self) -> dict:
+        rows = self.run("-p", ",".join(map(str, PASS_SIZES)), "-n", "0", "-d", "512")
+        return {r["n_prompt"]: r["n_prompt"] * 1000 / r["avg_ts"] for r in rows}
+
 
 def hf_model(models: Path):
     import transformers
@@ -171,16 +201,17 @@ def main(argv=None) -> int:
     p.add_argument("--llamacpp", type=Path, help="a llama.cpp source tree with llama-bench built")
     p.add_argument("--no-transformers", action="store_true")
     p.add_argument("--out", type=Path)
+    p.add_argument("--target", type=Path, help="a GGUF file: ours and llama.cpp both read it")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     depths = [int(d) for d in args.depths.split(",")]
     variants, startup = {}, {}
     for name in args.variants.split(","):
-        variants[name], startup[name] = load_variant(args.models, name)
+        variants[name], startup[name] = load_variant(args.models, name, args.target)
     ids = code_tokens(next(iter(variants.values())).tokenizer, max(depths + [1216]) + NEW_TOKENS + 1)
     hf = None if args.no_transformers else hf_model(args.models)
     with tempfile.TemporaryDirectory() as tmp:
-        llama = LlamaBench(args.llamacpp, args.models, args.threads, Path(tmp)) if args.llamacpp else None
+        llama = LlamaBench(args.llamacpp, args.models, args.threads, Path(tmp), args.target) if args.llamacpp else None
         samples, tokens = _rounds(args, depths, variants, hf, llama, ids)
     report = _report(args, depths, samples, tokens, startup)
     print(json.dumps(report, indent=2))
@@ -202,7 +233,11 @@ def _rounds(args, depths, variants, hf, llama, ids):
                 add(f"{name}/decode_ms/{depth}", ms)
             add(f"{name}/prefill_tps", ours_prefill(model, ids))
             add(f"{name}/verify16_ms", ours_verify(model, ids))
+            for new in PASS_SIZES:
+                add(f"{name}/pass_ms/{new}", ours_pass(model, ids, new))
         if llama:
+            for new, ms in llama.pass_ms().items():
+                add(f"llama.cpp/pass_ms/{new}", ms)
             for depth, ms in llama.decode_ms(depths).items():
                 add(f"llama.cpp/decode_ms/{depth}", ms)
             add("llama.cpp/prefill_tps", llama.prefill_tps())
@@ -226,6 +261,14 @@ def _report(args, depths, samples, tokens, startup) -> dict:
         hf_ms = medians.get(f"transformers/decode_ms/{depths[0]}")
         if hf_ms:
             ratios[f"{name}/decode_speed_vs_transformers/{depths[0]}"] = round(hf_ms / medians[f"{name}/decode_ms/{depths[0]}"], 3)
+        single = medians.get(f"{name}/pass_ms/1")
+        if single:  # what a pass of 16 costs in single steps (llama.cpp's own below)
+            ratios[f"{name}/pass16_over_pass1"] = round(medians[f"{name}/pass_ms/16"] / single, 3)
+        theirs = medians.get("llama.cpp/prefill_tps")
+        if theirs:
+            ratios[f"{name}/prefill_vs_llama.cpp"] = round(medians[f"{name}/prefill_tps"] / theirs, 3)
+    if medians.get("llama.cpp/pass_ms/1"):
+        ratios["llama.cpp/pass16_over_pass1"] = round(medians["llama.cpp/pass_ms/16"] / medians["llama.cpp/pass_ms/1"], 3)
     report["speed_ratios"] = ratios
     hf_tokens = tokens.get(("transformers", depths[0]))
     # Each fp32 variant's greedy tokens against transformers' (int8 is another model's own).

@@ -34,12 +34,15 @@
 __attribute__((__simd__("notinbranch"))) float expf(float);
 #endif
 
+#include "cpu_quant.h" /* integer products on 8-bit weight blocks */
+
 /* y[r] = sum_c W[r * s_row + c * s_col] x[c] for r < rows, c < cols: s_col == 1 is the
  * checkpoint's [out, in] layout, s_row == 1 the input-major one. */
 typedef struct {
     const float *w;
     int64_t rows, cols, s_row, s_col;
     const uint16_t *half; /* the same values in bf16 at the same strides, or NULL (see load_weights) */
+    const QMat *quant;    /* or the matrix packed in 8-bit blocks (w NULL): products in integers */
 } Mat;
 
 typedef struct {
@@ -59,7 +62,8 @@ typedef struct {
 typedef struct {
     int64_t hidden, num_layers, heads, kv_heads, head_dim, vocab, intermediate, top_k, renormalize;
     float eps, attn_scale, rope_factor;
-    const float *embed;      /* [V, H] */
+    const float *embed;      /* [V, H], or NULL with embed_quant */
+    const QMat *embed_quant; /* the embedding packed in 8-bit blocks, or NULL */
     const float *final_norm; /* [H] */
     Mat lm_head;
     const float *inv_freq;   /* [D / 2] */
@@ -109,6 +113,10 @@ typedef struct {
  * thread calls it with its own range. Weight rows are read once for all n inputs. */
 static void gemm_rows(const Mat *m, const float *X, int64_t ldx, float *Y, int64_t ldy, int64_t n, const float *bias,
                       int64_t r0, int64_t r1) {
+    if (m->quant) {
+        qgemm_rows(m->quant, X, ldx, Y, ldy, n, bias, r0, r1);
+        return;
+    }
 #if defined(__AVX2__) && defined(__FMA__)
     if (m->s_col == 1 && m->cols % 8 == 0)
         gemm_output_major(m, X, ldx, Y, ldy, n, r0, r1);
@@ -184,6 +192,7 @@ static void gemm(const Mat *m, const float *X, int64_t ldx, float *Y, int64_t ld
 
 static Mat expert(const Mat *m, int64_t index, int64_t stride) {
     Mat e = *m;
+    if (e.quant) return e; /* packed matrices are dense MLPs' only (expert 0) */
     e.w += index * stride;
     if (e.half) e.half += index * stride;
     return e;
@@ -254,7 +263,7 @@ static void attend_rows(AttendRow *rows, int R, const float *keys, const float *
                     rows[r].scores, rows[r].out);
 }
 
-int64_t specdec_abi_version(void) { return 6; }
+int64_t specdec_abi_version(void) { return 7; }
 
 /* Whether products read a matrix's bf16 copy (the vector build), so the binding makes one. */
 int64_t specdec_reads_bf16(void) {
@@ -294,8 +303,12 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
     float *weights = malloc((size_t)pairs * sizeof(float));
     uint8_t *causal = malloc((size_t)(masks + 1));
     const uint8_t **mask_of = malloc((size_t)(nseq + 1) * sizeof(uint8_t *));
-    if (!scratch || !indices || !weights || !causal || !mask_of) {
-        free(scratch), free(indices), free(weights), free(causal), free(mask_of);
+    /* each thread's quantized activations (packed matrices): n rows of the widest input */
+    const int64_t widest = (I > H ? I : H) > Hq * D ? (I > H ? I : H) : Hq * D;
+    const size_t qact_stride = (qact_bytes(n, widest) + 63) / 64 * 64;
+    char *qacts = malloc(qact_stride * (size_t)threads + 64);
+    if (!scratch || !indices || !weights || !causal || !mask_of || !qacts) {
+        free(scratch), free(indices), free(weights), free(causal), free(mask_of), free(qacts);
         return -1;
     }
     int64_t *seq_of = indices + 3 * pairs, *local_of = seq_of + n; /* each token's sequence and index in it */
@@ -324,7 +337,10 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
     const int64_t captures = capture_out ? m->capture_count : 0;
 
     for (int64_t t = 0; t < n; t++) {
-        memcpy(x + t * H, m->embed + tokens[t] * H, (size_t)H * sizeof(float));
+        if (m->embed_quant)
+            qmat_row(m->embed_quant, tokens[t], x + t * H);
+        else
+            memcpy(x + t * H, m->embed + tokens[t] * H, (size_t)H * sizeof(float));
         for (int64_t i = 0; i < D / 2; i++) {
             const float angle = (float)positions[t] * m->inv_freq[i];
             cos_[t * D + i] = cos_[t * D + i + D / 2] = cosf(angle) * m->rope_factor;
@@ -334,6 +350,7 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
     int64_t moe_layer = 0;
 #pragma omp parallel num_threads(threads)
     {
+    thread_qact = qact_at(qacts + qact_stride * (size_t)omp_get_thread_num(), n, widest);
     for (int64_t l = 0; l < m->num_layers; l++) {
         const Layer *layer = m->layers + l;
         const int64_t slots = layer->num_experts ? m->top_k : 1;
@@ -429,7 +446,7 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
     }
     gemm(&m->lm_head, h, H, logits, m->vocab, nrows, NULL);
     }
-    free(scratch), free(indices), free(weights), free(causal), free(mask_of);
+    free(scratch), free(indices), free(weights), free(causal), free(mask_of), free(qacts);
     return 0;
 }
 

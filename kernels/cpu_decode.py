@@ -23,20 +23,32 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 HEADERS = [Path(__file__).with_name(name)  # included by SOURCE
-           for name in ("cpu_decode_vector.h", "cpu_decode_experts.h", "cpu_prefill_attention.h")]
+           for name in ("cpu_decode_vector.h", "cpu_decode_experts.h", "cpu_prefill_attention.h", "cpu_quant.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
 # glibc's vector math (libmvec) for the exponentials of the portable attention loop (the AVX2
 # passes use their own inline exp); a C library without it builds with scalar expf instead.
 VECTOR_MATH, NO_VECTOR_MATH = ["-lmvec"], ["-DSPECDEC_NO_MVEC"]
-ABI_VERSION = 6
+ABI_VERSION = 7
 MAX_EXPERTS, MAX_TOP_K = 256, 64  # the C step's fixed routing buffers
 
 
+class QMat(ctypes.Structure):
+    """A matrix packed in 8-bit blocks of 32 columns, in tiles of 16 rows (cpu_quant.h)."""
+
+    _fields_ = [("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
+                ("zero", ctypes.c_void_p), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("wide", ctypes.c_int64)]
+
+
 class Mat(ctypes.Structure):
-    """A matrix where it lies: y[r] = sum_c w[r * s_row + c * s_col] x[c]."""
+    """A matrix where it lies: y[r] = sum_c w[r * s_row + c * s_col] x[c]; or packed (quant)."""
 
     _fields_ = [("w", ctypes.c_void_p), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
-                ("s_row", ctypes.c_int64), ("s_col", ctypes.c_int64), ("half", ctypes.c_void_p)]
+                ("s_row", ctypes.c_int64), ("s_col", ctypes.c_int64), ("half", ctypes.c_void_p),
+                ("quant", ctypes.POINTER(QMat))]
+
+    @classmethod
+    def packed(cls, quant: QMat) -> "Mat":
+        return cls(None, quant.rows, quant.cols, quant.cols, 1, None, ctypes.pointer(quant))
 
     @classmethod
     def of(cls, tensor: torch.Tensor, half: torch.Tensor | None = None) -> "Mat":
@@ -64,7 +76,7 @@ class Model(ctypes.Structure):
                 ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("vocab", ctypes.c_int64),
                 ("intermediate", ctypes.c_int64), ("top_k", ctypes.c_int64), ("renormalize", ctypes.c_int64),
                 ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float), ("rope_factor", ctypes.c_float),
-                ("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("lm_head", Mat),
+                ("embed", ctypes.c_void_p), ("embed_quant", ctypes.POINTER(QMat)), ("final_norm", ctypes.c_void_p), ("lm_head", Mat),
                 ("inv_freq", ctypes.c_void_p), ("layers", ctypes.POINTER(Layer)), ("capture", ctypes.c_void_p),
                 ("capture_count", ctypes.c_int64)]
 
@@ -125,6 +137,45 @@ def _build(compiler: str) -> Path:
 
 _LIBRARY: list = []  # [ctypes.CDLL or None], filled once
 _WHY_NOT: list = []
+# The packed matrices' kernels, fastest first (codes of cpu_quant.h); the first one whose probe
+# passes in a child process is used. SPECDEC_QKERNEL names one (the tests compare them).
+QKERNELS = {"avx512_vnni": 2, "avx2": 1, "portable": 0}
+_QKERNEL: list = []
+
+
+def _probe_in_child(lib, code: int) -> bool:
+    """Whether kernel `code` runs and matches the portable one, tried in a forked child: an
+    instruction this CPU (or its hypervisor) refuses kills the child, not this process."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            status = lib.specdec_qkernel_probe(code)
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _choose_qkernel(lib) -> str:
+    wanted = os.environ.get("SPECDEC_QKERNEL")
+    if wanted and wanted not in QKERNELS:
+        raise RuntimeError(f"SPECDEC_QKERNEL={wanted}: expected one of {', '.join(QKERNELS)}")
+    for name, code in QKERNELS.items():
+        if wanted and name != wanted:
+            continue
+        if code == 0 or _probe_in_child(lib, code):
+            lib.specdec_set_qkernel(code)
+            return name
+        log.info("packed-matrix kernel %s refused by this CPU (probe failed)", name)
+    lib.specdec_set_qkernel(0)
+    return "portable"
+
+
+def qkernel() -> str | None:
+    """The packed matrices' kernel in use ("avx512_vnni", "avx2" or "portable"), or None
+    without the library."""
+    return _QKERNEL[0] if _QKERNEL else None
 
 
 def library() -> ctypes.CDLL | None:
@@ -144,6 +195,13 @@ def library() -> ctypes.CDLL | None:
         lib.specdec_forward.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.POINTER(Seq), ctypes.c_int64,
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        lib.specdec_qkernel_probe.restype = ctypes.c_int
+        lib.specdec_qkernel_probe.argtypes = [ctypes.c_int]
+        lib.specdec_set_qkernel.argtypes = [ctypes.c_int]
+        lib.specdec_qgemm.restype = ctypes.c_int
+        lib.specdec_qgemm.argtypes = [ctypes.POINTER(QMat), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                      ctypes.c_int, ctypes.c_int]
+        _QKERNEL.append(_choose_qkernel(lib))
         lib.specdec_causal_attention.restype = ctypes.c_int
         lib.specdec_causal_attention.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,

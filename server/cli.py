@@ -39,7 +39,7 @@ class ServeCommand:
         if not args.expert_parallel:
             # A FIM order the target's family lacks, or a quantization its device lacks, is
             # refused here, as a CLI error, not in startup.
-            early = args.fim_mode or args.quantize != "none"
+            early = args.fim_mode or args.quantize not in ("none", "auto")
             return serve(settings, load_engine(settings) if early else None)
         return _serve_expert_parallel(settings, args.expert_stats)
 

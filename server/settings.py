@@ -14,7 +14,7 @@ class Settings:
     target: Path | None = None
     draft: Path | None = None
     fim_mode: str | None = None  # psm, spm or suffix_first; None: the target's config, else its family's default
-    quantize: str = "none"  # "int8": the target's weights in int8 (CPU); "auto": int8 where it runs
+    quantize: str = "auto"  # specdec.quantize.QUANTIZATIONS: "auto" packs a GGUF target in 8-bit blocks
     index_roots: list = field(default_factory=list)  # where /v1/index may read; default: the repo
     model_name: str = "specdec-default"
     max_body_bytes: int = 2 << 20

@@ -161,10 +161,12 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory, or an EAGLE-3 head's")
     parser.add_argument("--fim-mode", choices=FIM_MODES,
                         help="the FIM order (default: the target's config.json, else its family's own)")
-    parser.add_argument("--quantize", choices=QUANTIZATIONS, default="none",
-                        help="int8: the target's weights in int8 on the CPU (a quarter of the bytes; the "
-                             "output is the quantized target's, still lossless to it); auto: int8 for a "
-                             "float32 target on one CPU process, none elsewhere; none (default): as stored")
+    parser.add_argument("--quantize", choices=QUANTIZATIONS, default="auto",
+                        help="blocks: a GGUF target's weights kept in 8-bit blocks, multiplied in integers "
+                             "by the native CPU step; int8: the target's weights in int8 per channel, eager; "
+                             "auto (default): blocks for a GGUF target where the native step builds, int8 for "
+                             "a float32 target without a native step, none elsewhere; none: as stored. The "
+                             "output is the quantized target's, and speculation stays lossless to it")
 
 
 def add_expert_parallel_arguments(parser) -> None:

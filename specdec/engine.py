@@ -26,7 +26,7 @@ from specdec.loader import load_model
 from specdec.options import CompletionOptions, OptionsError
 from specdec.policy import PolicyBook
 from specdec.prompt_cache import PromptCache
-from specdec.quantize import quantize_target
+from specdec.quantize import loads_packed, quantize_target
 from specdec.retrieval import StableContext
 from specdec.scheduler import Scheduler
 
@@ -100,14 +100,15 @@ class Engine:
         With no draft given, a draft adapted to `repo` (or to the saved index) is used when it fits
         the target (specdec.adapted); a draft given that was adapted against another target is refused.
         target_model: the target already loaded from `target` (an expert-parallel shard).
-        quantize "int8": the target's weights in int8 (specdec.quantize; CPU, fp32 models)."""
+        quantize "int8": the target's weights in int8 (specdec.quantize; CPU, fp32 models); "blocks"
+        (and "auto" for a GGUF target): its weights packed in 8-bit blocks (specdec.packed)."""
         defaults = default_model_dir()
         target_dir = target or defaults / "target"
         index_dir = index if isinstance(index, (str, Path)) else None
         draft = draft or adapted_draft_for(target_dir, repo=repo, index_dir=index_dir)
         if draft is not None:
             check_fits(draft, target_dir)
-        target_model = target_model or load_model(target_dir)
+        target_model = target_model or load_model(target_dir, packed=loads_packed(target, quantize))
         if quantize != "none":
             quantize_target(target_model, quantize)
         draft_path = draft or (defaults / "draft" if target is None else None)

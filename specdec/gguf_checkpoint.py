@@ -178,6 +178,30 @@ class GgufCheckpoint:
         for hf, halves in stacks.items():  # a gate without its up (or the reverse): the loader names it
             yield hf, next(iter(halves.values()))
 
+    def iter_packed(self) -> Iterator[tuple[str, object]]:
+        """As iter_tensors, but the matrices the native step multiplies in integers (projections,
+        lm_head, embedding) come as PackedRows made from their own blocks, never as floats."""
+        from gguf import GGMLQuantizationType
+
+        from specdec.packed import BLOCK, from_gguf
+
+        for name, tensor in self.tensors.items():
+            hf, part = self.hf_name(name), _block_part(name)
+            if not (hf and _is_packable(hf, tensor.shape) and part not in _EXPERT_STACKS):
+                yield (hf or name), self._relaid(part, self._dequantized(tensor, None))
+                continue
+            try:
+                kind = GGMLQuantizationType(tensor.type).name
+            except ValueError:
+                raise ConfigError(f"{self.path}: tensor {tensor.name} has unknown type {tensor.type}") from None
+            raw = self.header.raw_data(tensor)
+            rows = from_gguf(raw, kind, lambda t=tensor: self._dequantized(t, None).numpy())
+            if self.arch == "llama" and part.startswith(("attn_q.", "attn_k.")):
+                order = self._relaid(part, torch.arange(rows.shape[0])[:, None])[:, 0].numpy()
+                rows = rows.take_rows(order)
+            assert rows.shape[1] % BLOCK == 0
+            yield hf, rows
+
     def _dequantized(self, tensor, rows) -> torch.Tensor:
         from gguf import GGMLQuantizationType, quants
 
@@ -203,6 +227,12 @@ class GgufCheckpoint:
         if part == "ffn_gate_inp_shexp.weight":
             return values.reshape(1, -1)
         return values
+
+
+def _is_packable(hf_name: str, shape: tuple) -> bool:
+    """A 2-D projection, lm_head or embedding whose rows split into blocks of 32."""
+    wanted = hf_name.endswith("_proj.weight") or hf_name in ("lm_head.weight", "model.embed_tokens.weight")
+    return wanted and len(shape) == 2 and shape[0] % 32 == 0
 
 
 def _block_part(name: str) -> str:

@@ -22,9 +22,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specdec import native
-from specdec.config import GPT_OSS, ModelConfig
+from specdec.config import GPT_OSS, ConfigError, ModelConfig
 from specdec.gguf_checkpoint import GgufCheckpoint, is_gguf
 from specdec.model import SparseMoeBlock, Transformer
+from specdec.ops import half_swap
 
 _PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
 _FUSED_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
@@ -39,14 +40,18 @@ class CheckpointError(ValueError):
     """A checkpoint directory whose files disagree with its config, with the details in the message."""
 
 
-def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = None) -> Transformer:
+def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = None, packed: bool = False) -> Transformer:
     """An HF-layout directory or a .gguf file -> Transformer in eval mode, with .tokenizer when the
     checkpoint has one (tokenizer.json, or a GGUF file's vocabulary).
 
     experts {MoE layer: [global expert ids]}: keep only those experts of each layer, in that
-    order (expert parallelism); the other experts' tensors are never read from disk."""
+    order (expert parallelism); the other experts' tensors are never read from disk.
+    packed: a GGUF file's matrices kept in 8-bit blocks (specdec.packed), run by the native
+    step alone; no float copy of them is made."""
     path = Path(path)
     dtype = _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if packed:
+        return _load_gguf_packed(path)
     if is_gguf(path):
         return _load_gguf(path, dtype, device, experts)
     if not path.is_dir():
@@ -68,6 +73,38 @@ def _load_gguf(path: Path, dtype, device, experts: dict | None) -> Transformer:
     _refuse_unless_fits(path, checkpoint.weight_bytes(dtype, rows_of), dtype, device)
     tokenizer = tokenizer_from_gguf(checkpoint)
     return _assemble(path, cfg, checkpoint.iter_tensors(rows_of), tokenizer, dtype, device, experts)
+
+
+def _load_gguf_packed(path: Path) -> Transformer:
+    from specdec.gguf_tokenizer import tokenizer_from_gguf
+    from specdec.packed import PackedRows, model_matrices
+
+    if not is_gguf(path):
+        raise CheckpointError(f"{path}: packed 8-bit weights are made from a GGUF file's blocks; "
+                              "pass a .gguf file, or --quantize int8 for other checkpoints")
+    checkpoint = GgufCheckpoint(path)
+    cfg = ModelConfig.from_dict(checkpoint.raw_config())
+    if cfg.num_experts:
+        raise ConfigError(f"{path}: packed weights cover dense models; run this MoE model without packing")
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    rows, tensors = {}, {}
+    for name, value in checkpoint.iter_packed():
+        (rows if isinstance(value, PackedRows) else tensors)[name] = value
+    model.load_state_dict(tensors, strict=False, assign=True)
+    model.packed = model_matrices(rows, cfg.num_layers, tied="lm_head.weight" not in rows)
+    model.tokenizer, model.path = tokenizer_from_gguf(checkpoint), path
+    half_swap(cfg.head_dim, torch.float32, torch.device("cpu"))
+    if not native.bind(model):
+        raise ConfigError(f"{path}: packed weights need the native CPU step, which cannot run here: "
+                          f"{native.unsupported(model) or cpu_decode_why_not()}")
+    return model.eval()
+
+
+def cpu_decode_why_not() -> str:
+    from specdec_kernels import cpu_decode
+
+    return cpu_decode.why_not() or "SPECDEC_NATIVE=0"
 
 
 def _assemble(path: Path, cfg: ModelConfig, checkpoint, tokenizer, dtype, device, experts) -> Transformer:

@@ -390,6 +390,10 @@ class Transformer(ExpertStatistics, nn.Module):
         # step ran it (else None): its caller reads rows without torch's per-op overhead.
         self.logits_array = None
         self.rope_frequencies = rope_frequencies(cfg)  # None: plain RoPE at rope_theta
+        # {name: PackedMatrix} when the matrices are packed in 8-bit blocks (specdec.packed): they
+        # then exist only there (their parameters stay on the meta device) and only the native
+        # step runs the model.
+        self.packed = None
 
     def fuse_for_inference(self) -> None:
         for module in self.modules():
@@ -426,11 +430,11 @@ class Transformer(ExpertStatistics, nn.Module):
 
     @property
     def dtype(self):
-        return self.model.embed_tokens.weight.dtype
+        return torch.float32 if self.packed else self.model.embed_tokens.weight.dtype
 
     @property
     def device(self):
-        return self.model.embed_tokens.weight.device
+        return torch.device("cpu") if self.packed else self.model.embed_tokens.weight.device
 
     def cache_dims(self) -> dict:
         """The KV cache's heads and widths: MLA keeps one latent row per token and no values."""
@@ -459,6 +463,9 @@ class Transformer(ExpertStatistics, nn.Module):
             logits = native(input_ids, positions, segments, logits_rows)
             if logits is not None:
                 return logits
+        if self.packed:
+            raise RuntimeError("this model's weights are packed in 8-bit blocks, which only the native step "
+                               "reads, and it could not run this forward")
         self.forget_native_routes()
         for seg in segments:
             seg.cache.reserve(seg.length)

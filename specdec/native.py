@@ -20,6 +20,7 @@ the forward after loading (int8, expert-parallel shards, the compiled step) drop
 import ctypes
 import logging
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -40,32 +41,40 @@ class NativeStep:
     def __init__(self, model: Transformer, lib, halves: bool = True):
         """halves=False: never make bf16 copies (the products then read fp32, same numbers)."""
         cfg, self.lib, self.model = model.config, lib, model
+        self.packed = model.packed  # {name: PackedMatrix} or None
         self.moe_blocks = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, SparseMoeBlock)]
         self.keep = []  # tensors whose addresses the descriptors hold
         self.reads_bf16 = halves and bool(lib.specdec_reads_bf16())
         self.half_bytes = 0  # the bf16 copies' size
         self.copied = []  # the fp32 weights copied: an in-place edit (a new version) makes a copy stale
         self.stale = False
-        layers = (cpu_decode.Layer * cfg.num_layers)(*(self._layer(layer) for layer in model.model.layers))
+        layers = (cpu_decode.Layer * cfg.num_layers)(*(self._layer(i, layer) for i, layer in enumerate(model.model.layers)))
         self.capture_layers, self.capture = (), torch.zeros(0, dtype=torch.int32)
         inv_freq, factor = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, model.rope_frequencies, "cpu")
         inv_freq = inv_freq.to(torch.float32).contiguous()
-        head = getattr(model, "_lm_head", None)
-        lm_head = head.output_major if isinstance(head, CpuLogitsHead) else model.lm_head.weight
         self.keep += [layers, inv_freq]
+        if self.packed:
+            embed, embed_quant = None, ctypes.pointer(self.packed["embed"].desc)
+            lm_head = cpu_decode.Mat.packed(self.packed["lm_head"].desc)
+        else:
+            head = getattr(model, "_lm_head", None)
+            embed, embed_quant = cpu_decode.pointer(model.model.embed_tokens.weight), None
+            lm_head = self._mat(head.output_major if isinstance(head, CpuLogitsHead) else model.lm_head.weight)
         self.desc = cpu_decode.Model(
             cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size,
             max(layer.gate.rows for layer in layers), cfg.top_k if self.moe_blocks else 0,
             int(bool(cfg.norm_topk_prob)), cfg.rms_norm_eps,
             cfg.head_dim ** -0.5 if cfg.attention_scale is None else cfg.attention_scale, float(factor),
-            cpu_decode.pointer(model.model.embed_tokens.weight), cpu_decode.pointer(model.model.norm.weight),
-            self._mat(lm_head), inv_freq.data_ptr(), layers, None)
+            embed, embed_quant, cpu_decode.pointer(model.model.norm.weight),
+            lm_head, inv_freq.data_ptr(), layers, None)
         self.desc_ref = ctypes.byref(self.desc)
         self.embed, self.embed_ptr = model.model.embed_tokens, model.model.embed_tokens.weight.data_ptr()
         self.copied_versions = [weight._version for weight in self.copied]
         self.vocab, self.top_k, self.hidden = cfg.vocab_size, max(cfg.top_k, 1), cfg.hidden_size
 
-    def _layer(self, layer) -> cpu_decode.Layer:
+    def _layer(self, index: int, layer) -> cpu_decode.Layer:
+        if self.packed:
+            return self._packed_layer(index, layer)
         attn, mlp = layer.self_attn, layer.mlp
         qkv_bias, o_bias = attn._qkv.bias, attn.o_proj.bias
         desc = cpu_decode.Layer(
@@ -91,6 +100,27 @@ class NativeStep:
             desc.down = self._mat(mlp.down_proj.weight)
         return desc
 
+    def _packed_layer(self, index: int, layer) -> cpu_decode.Layer:
+        """A layer whose matrices are packed: the descriptors point into model.packed; the
+        fused qkv bias and q/k norm weights are made here (small)."""
+        attn, cfg, mat = layer.self_attn, self.model.config, lambda part: self.packed[f"{index}.{part}"].desc
+        qkv_bias = None
+        if cfg.attention_bias:
+            qkv_bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach().contiguous()
+        qk_norm = None
+        if cfg.qk_norm:
+            qk_norm = torch.cat([attn.q_norm.weight.detach().expand(cfg.num_heads, -1),
+                                 attn.k_norm.weight.detach().expand(cfg.num_kv_heads, -1)]).contiguous()
+        self.keep += [qkv_bias, qk_norm]
+        return cpu_decode.Layer(
+            attn_norm=cpu_decode.pointer(layer.input_layernorm.weight),
+            post_norm=cpu_decode.pointer(layer.post_attention_layernorm.weight),
+            qkv=cpu_decode.Mat.packed(mat("qkv")), qkv_bias=cpu_decode.pointer(qkv_bias),
+            qk_norm=cpu_decode.pointer(qk_norm), o=cpu_decode.Mat.packed(mat("o")),
+            o_bias=cpu_decode.pointer(None if attn.o_proj.bias is None else attn.o_proj.bias.detach()),
+            gate=cpu_decode.Mat.packed(mat("gate")), up=cpu_decode.Mat.packed(mat("up")),
+            down=cpu_decode.Mat.packed(mat("down")))
+
     def _mat(self, weight: torch.Tensor) -> cpu_decode.Mat:
         """A matrix's descriptor, with a bf16 copy of it where one holds its values exactly."""
         return cpu_decode.Mat.of(weight.detach(), self._half_copy(weight))
@@ -115,6 +145,8 @@ class NativeStep:
         sequences, some logits wanted (decode steps or verify passes), and the weights still
         where they were bound (Transformer._apply drops the binding; this catches an assigned
         state dict)."""
+        if self.packed:  # nothing else can run it; long forwards go in chunks
+            return True
         if input_ids.numel() > MAX_TOKENS or (logits_rows is not None and len(logits_rows) == 0):
             return False
         if self.stale or [weight._version for weight in self.copied] != self.copied_versions:
@@ -128,6 +160,36 @@ class NativeStep:
     def __call__(self, input_ids, positions, segments, logits_rows=None) -> torch.Tensor | None:
         """As Transformer.forward: input_ids, positions [n] (the segments' tokens, in segment
         order) -> logits [len(logits_rows) or n, V], or None when the step must run eagerly."""
+        if input_ids.numel() > MAX_TOKENS:
+            return self._in_chunks(input_ids, positions, segments, logits_rows)
+        return self._run(input_ids, positions, segments, logits_rows)
+
+    def _in_chunks(self, input_ids, positions, segments, logits_rows) -> torch.Tensor:
+        """A forward of more than MAX_TOKENS tokens (a packed model's prefill) as calls of at
+        most MAX_TOKENS, segment by segment: a segment's later chunks attend over its earlier
+        chunks' keys, already in its cache as pending rows."""
+        wanted = list(range(input_ids.numel())) if logits_rows is None else [int(r) for r in logits_rows]
+        out = np.empty((len(wanted), self.vocab), dtype=np.float32)
+        captured, start = [], 0
+        for segment in segments:
+            if segment.tree_mask is not None and segment.length > MAX_TOKENS:
+                raise ValueError(f"a token tree of {segment.length} nodes is more than one native call takes")
+            segment.cache.reserve(segment.length)
+            for done in range(0, segment.length, MAX_TOKENS):
+                size, low = min(MAX_TOKENS, segment.length - done), start + done
+                slots = [i for i, row in enumerate(wanted) if low <= row < low + size]
+                part = _Chunk(segment.cache, size, segment.tree_mask, done)
+                logits = self._run(input_ids[low:low + size], positions[low:low + size], [part],
+                                   [wanted[i] - low for i in slots])
+                out[slots] = logits.numpy()
+                if self.capture_layers:
+                    captured.append(self.model.captured)
+            start += segment.length
+        self.model.__dict__["captured"] = torch.cat(captured) if captured else None
+        self.model.__dict__["logits_array"] = out
+        return torch.from_numpy(out)
+
+    def _run(self, input_ids, positions, segments, logits_rows) -> torch.Tensor | None:
         if self.capture_layers != self.model.capture_layers:  # an EAGLE-3 head attached or left
             self.capture_layers = tuple(self.model.capture_layers)
             self.capture = torch.tensor(self.capture_layers, dtype=torch.int32)  # slot -> layer, repeats allowed
@@ -162,15 +224,27 @@ class NativeStep:
         uint8 tree masks they point into."""
         seqs, masks = (cpu_decode.Seq * len(segments))(), []
         for seq, segment in zip(seqs, segments, strict=True):
-            cache = segment.cache
-            cache.reserve(segment.length)
+            cache, offset = segment.cache, getattr(segment, "offset", 0)
+            if not isinstance(segment, _Chunk):  # a chunk's cache was reserved for its whole segment
+                cache.reserve(segment.length)
             mask = None
             if segment.tree_mask is not None and segment.length > 1:
                 mask = segment.tree_mask.to(torch.uint8).contiguous()
                 masks.append(mask)
             seq.keys, seq.values, seq.capacity = cache.keys.data_ptr(), cache.values.data_ptr(), cache.capacity
-            seq.length, seq.n, seq.mask = cache.length, segment.length, None if mask is None else mask.data_ptr()
+            seq.length, seq.n = cache.length + offset, segment.length
+            seq.mask = None if mask is None else mask.data_ptr()
         return seqs, masks
+
+
+@dataclass
+class _Chunk:
+    """Part of a segment's new tokens: `length` of them, after its first `offset` new ones."""
+
+    cache: object
+    length: int
+    tree_mask: torch.Tensor | None
+    offset: int
 
 
 def _first(experts: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
@@ -191,16 +265,18 @@ def unsupported(model: Transformer) -> str | None:
     if head is not None and not isinstance(head, CpuLogitsHead):
         return "a quantized lm_head"
     for layer in model.model.layers:
-        reason = _layer_unsupported(layer)
+        reason = _layer_unsupported(layer, bool(model.packed))
         if reason:
             return reason
     return None
 
 
-def _layer_unsupported(layer) -> str | None:
+def _layer_unsupported(layer, packed: bool = False) -> str | None:
     attn, mlp = layer.self_attn, layer.mlp
-    if type(attn) is not Attention or type(getattr(attn, "_qkv", None)) is not Projection:
+    if type(attn) is not Attention or (not packed and type(getattr(attn, "_qkv", None)) is not Projection):
         return "latent attention, or attention not fused for inference"
+    if packed and type(mlp) is not DenseMLP:
+        return f"a {type(mlp).__name__} MLP with packed weights (dense SwiGLU MLPs only)"
     if hasattr(attn, "sinks") or attn.window:
         return "attention sinks or a sliding window"
     if type(mlp) is SparseMoeBlock:
@@ -215,11 +291,16 @@ def _layer_unsupported(layer) -> str | None:
     return None
 
 
+def enabled() -> bool:
+    """False under SPECDEC_NATIVE=0, which keeps every model eager."""
+    return os.environ.get("SPECDEC_NATIVE", "1") != "0"
+
+
 def bind(model: Transformer) -> bool:
     """Give `model` the native step where it can run; True when it did.
     SPECDEC_NATIVE=0 keeps every model eager."""
     model.native_step = None
-    if os.environ.get("SPECDEC_NATIVE", "1") == "0":
+    if not enabled():
         return False
     reason = unsupported(model)
     if reason:

@@ -51,9 +51,9 @@ class StopRules:
         start = text.find("\n")
         while start >= 0:
             end = text.find("\n", start + 1)
-            if end < 0:
-                return None, None  # the last line may still grow its indentation
-            line = text[start + 1 : end]
+            # the last line counts as soon as it has a character other than indentation: its
+            # indentation is final then, and decoding stops at that token, not a line later
+            line = text[start + 1 : end if end >= 0 else len(text)]
             if line.strip() and len(line) - len(line.lstrip()) < self.min_indent:
                 return start, "dedent"
             start = end

@@ -2,7 +2,7 @@
 copy test, FIM splices that parse, and draft-target agreement.
 
     python -m specdec.training.evaluate [--models DIR] [--points 200] [--out DIR/evaluation.json]
-    python -m specdec.training.evaluate --target FILE.gguf|DIR --out FILE.json   # one model, no draft
+    python -m specdec.training.evaluate --target FILE.gguf|DIR [--packed] --out FILE.json   # one model, no draft
 
 Every figure is on packages never trained on (corpus.HELD_OUT), at points drawn with a fixed seed:
 - bits_per_char: the first 1,024 tokens of 40 files, no header;
@@ -251,6 +251,8 @@ def main(argv=None) -> int:
     parser.add_argument("--run", type=Path, help="a training run directory (its checkpoint) as the target")
     parser.add_argument("--bpc-only", action="store_true", help="only bits per character (comparing shapes)")
     parser.add_argument("--target", type=Path, help="evaluate this model alone (a .gguf file or an HF directory)")
+    parser.add_argument("--packed", action="store_true",
+                        help="the --target GGUF file's weights packed in 8-bit blocks, as served by default")
     args = parser.parse_args(argv)
     if args.target and not args.out:
         parser.error("--target needs --out (the shipped models' evaluation.json is theirs)")
@@ -263,7 +265,7 @@ def main(argv=None) -> int:
             return 0
         models = {"target": target, "draft": None}
     elif args.target:
-        models = {"target": load_model(args.target), "draft": None}
+        models = {"target": load_model(args.target, packed=args.packed), "draft": None}
     else:
         models = {}
         for name in ("target", "draft"):

@@ -185,13 +185,17 @@ def validation_metrics(model: Transformer, tokenizer, files, max_tokens: int = 6
     """Plain left-to-right loss (nats/token) and bits per character on held-out files, each from its start."""
     model.eval()
     nats, tokens, chars = 0.0, 0, 0
-    device = next(model.parameters()).device
+    device = model.device
     for f in files:
         ids = tokenizer.encode(f.text).ids[: seq_len + 1]
         if len(ids) < 2:
             continue
         chunk = torch.tensor(ids, device=device)[None]
-        logits, _ = train_forward(model, chunk[:, :-1])
+        if model.packed:  # only the native step reads packed weights
+            with torch.inference_mode():
+                logits = model.logits(chunk[:, :-1])
+        else:
+            logits, _ = train_forward(model, chunk[:, :-1])
         nats += F.cross_entropy(logits[0].float(), chunk[0, 1:], reduction="sum").item()
         tokens += chunk.shape[1] - 1
         chars += len(tokenizer.decode(ids[1:]))

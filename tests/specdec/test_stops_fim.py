@@ -18,6 +18,14 @@ def test_multi_line_stops_at_dedent_and_repeats():
     assert rules_for("", "", "multi").cut(text)[:2] == (len("self.b = 0"), "repeat")
 
 
+def test_a_dedent_is_decided_by_the_first_character_of_the_shorter_line():
+    rules = rules_for("class P:\n    def f(self):\n        self.", "", "multi")
+    assert rules.cut("y = y\n\n    ")[:2] == (None, None)  # the indentation may still grow
+    assert rules.cut("y = y\n\n        ")[:2] == (None, None)
+    assert rules.cut("y = y\n\n    d")[:2] == (len("y = y\n"), "dedent")  # no need to wait for the line's end
+    assert rules.cut("y = y\n        z")[:2] == (None, None)
+
+
 def test_stop_at_repeated_suffix_and_stop_strings():
     rules = rules_for("def f():\n    ", "\n    return x\n", "multi")
     assert rules.cut("y = 1\n    return x\n")[:2] == (5, "suffix")

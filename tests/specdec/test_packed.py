@@ -1,0 +1,152 @@
+"""Packed 8-bit blocks: GGUF blocks packed exactly, the integer kernels against each other and
+against floats, and a packed GGUF model against its float reference."""
+
+import ctypes
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from specdec import load_model, native
+from specdec.config import ConfigError
+from specdec.loader import CheckpointError
+from specdec.model import Segment
+from specdec.packed import PackedMatrix, concat_rows, from_floats, from_gguf
+from specdec_kernels import cpu_decode
+from tests.specdec.gguf_files import write_gguf
+from tests.specdec.test_gguf import IDS, tiny_transformers_model
+
+RNG = np.random.default_rng(0)
+
+
+def _raw(values: np.ndarray, kind: str) -> np.ndarray:
+    return gguf.quants.quantize(values, GGMLQuantizationType[kind])
+
+
+def _packed(raw: np.ndarray, kind: str):
+    return from_gguf(raw, kind, lambda: gguf.quants.dequantize(raw, GGMLQuantizationType[kind]))
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q5_0"])
+def test_simple_blocks_are_packed_with_their_own_integers_and_scales(kind):
+    raw = _raw(RNG.standard_normal((8, 96)).astype(np.float32), kind)
+    expected = gguf.quants.dequantize(raw, GGMLQuantizationType[kind])
+    assert np.array_equal(_packed(raw, kind).dequantized(), expected)
+
+
+def test_q4_k_sub_blocks_are_packed_with_their_scales_and_mins():
+    raw = RNG.integers(0, 256, size=(6, 144), dtype=np.uint8)  # one super-block of 256 per row
+    raw[:, 0:4] = np.array([0.01, 0.002], dtype=np.float16).view(np.uint8)  # d, dmin: finite
+    expected = gguf.quants.dequantize(raw, GGMLQuantizationType.Q4_K)
+    packed = _packed(raw, "Q4_K")
+    assert packed.offset is not None
+    assert np.allclose(packed.dequantized(), expected, rtol=0, atol=1e-6)
+
+
+def test_other_formats_are_requantized_within_half_a_step():
+    raw = RNG.integers(0, 256, size=(4, 210), dtype=np.uint8)  # Q6_K: 16-column scales
+    raw[:, 208:210] = np.array([0.001], dtype=np.float16).view(np.uint8)
+    expected = gguf.quants.dequantize(raw, GGMLQuantizationType.Q6_K)
+    packed = _packed(raw, "Q6_K")
+    step = np.repeat(packed.scale, 32, axis=1)
+    assert np.all(np.abs(packed.dequantized() - expected) <= step / 2 + 1e-7)
+
+
+def _product(matrix: PackedMatrix, x: np.ndarray, kernel: int) -> np.ndarray:
+    out = np.zeros((x.shape[0], matrix.rows), dtype=np.float32)
+    lib = cpu_decode.library()
+    assert lib.specdec_qgemm(ctypes.byref(matrix.desc), x.ctypes.data, x.shape[0], out.ctypes.data, kernel, 2) == 0
+    return out
+
+
+def _matrices():
+    """Rows that fill no whole last tile, 8-bit q (wide), offsets (Q4_K), and mixed zeros."""
+    wide = _packed(_raw(RNG.standard_normal((40, 256)).astype(np.float32), "Q8_0"), "Q8_0")
+    raw = RNG.integers(0, 256, size=(24, 144), dtype=np.uint8)
+    raw[:, 0:4] = np.array([0.01, 0.002], dtype=np.float16).view(np.uint8)
+    mins = _packed(raw, "Q4_K")
+    fused = concat_rows([_packed(_raw(RNG.standard_normal((16, 256)).astype(np.float32), "Q5_0"), "Q5_0"), mins])
+    return {"wide": wide, "offsets": mins, "fused": fused}
+
+
+@pytest.mark.skipif(cpu_decode.library() is None, reason="no C compiler for the native step")
+@pytest.mark.parametrize("name", ["wide", "offsets", "fused"])
+def test_every_kernel_this_cpu_runs_gives_the_portable_kernels_numbers(name):
+    rows = _matrices()[name]
+    matrix = PackedMatrix(rows)
+    x = RNG.standard_normal((5, matrix.cols)).astype(np.float32)
+    portable = _product(matrix, x, cpu_decode.QKERNELS["portable"])
+    exact = x @ rows.dequantized().T
+    assert np.abs(portable - exact).max() <= 2e-2 * np.abs(exact).max()  # 8-bit activations
+    lib = cpu_decode.library()
+    ran = 0
+    for kernel in ("avx2", "avx512_vnni"):
+        code = cpu_decode.QKERNELS[kernel]
+        if cpu_decode._probe_in_child(lib, code):
+            ran += 1
+            assert np.array_equal(_product(matrix, x, code), portable), kernel
+    one_by_one = np.concatenate([_product(matrix, x[i:i + 1].copy(), 2 if ran == 2 else 0) for i in range(5)])
+    assert np.array_equal(one_by_one, portable)  # a token's row does not depend on its neighbours
+
+
+def test_floats_are_packed_per_block_of_32_by_their_largest_magnitude():
+    values = RNG.standard_normal((3, 64)).astype(np.float32)
+    packed = from_floats(values)
+    assert np.all(np.abs(packed.dequantized() - values) <= np.repeat(packed.scale, 32, axis=1) / 2 + 1e-7)
+
+
+@pytest.fixture(scope="module")
+def qwen2_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("packed")
+    model = tiny_transformers_model("qwen2")
+    model.save_pretrained(folder / "hf")
+    return write_gguf(folder / "qwen2.gguf", model, GGMLQuantizationType.Q8_0), folder / "hf"
+
+
+def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+    cache = model.new_cache(64)
+    return model(ids, torch.arange(len(ids)), [Segment(cache, len(ids))])
+
+
+needs_native = pytest.mark.skipif(cpu_decode.library() is None, reason="no C compiler for the native step")
+
+
+@needs_native
+def test_a_packed_gguf_model_gives_its_float_references_logits_within_activation_rounding(qwen2_files):
+    file, _ = qwen2_files
+    reference, packed = load_model(file), load_model(file, packed=True)
+    ids = IDS[0]
+    expected, got = _logits(reference, ids), _logits(packed, ids)
+    assert packed.packed and all(p.is_meta for p in packed.model.layers[0].mlp.parameters())
+    assert (got - expected).abs().max() <= 3e-2 * expected.abs().max()
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
+
+
+@needs_native
+def test_a_tokens_logits_are_the_same_in_one_pass_token_by_token_and_in_chunks(qwen2_files, monkeypatch):
+    model = load_model(qwen2_files[0], packed=True)
+    ids = IDS[0]
+    whole = _logits(model, ids)
+    cache = model.new_cache(64)
+    stepped = []
+    for i, token in enumerate(ids):
+        stepped.append(model(token.view(1), torch.tensor([i]), [Segment(cache, 1)]))
+        cache.keep_all()
+    assert torch.equal(torch.cat(stepped), whole)
+    monkeypatch.setattr(native, "MAX_TOKENS", 3)  # a prefill longer than one native call
+    assert torch.equal(_logits(model, ids), whole)
+    cache = model.new_cache(64)
+    rows = model(ids, torch.arange(len(ids)), [Segment(cache, len(ids))], [9, 2])
+    assert torch.equal(rows, whole[[9, 2]])
+
+
+def test_packing_is_refused_with_a_clear_error_where_it_cannot_run(qwen2_files, tmp_path):
+    with pytest.raises(CheckpointError, match="GGUF"):
+        load_model(qwen2_files[1], packed=True)
+    model = tiny_transformers_model("qwen3moe")
+    model.save_pretrained(tmp_path / "hf")  # names its architecture
+    moe = write_gguf(tmp_path / "moe.gguf", model)
+    with pytest.raises(ConfigError, match="dense"):
+        load_model(moe, packed=True)
