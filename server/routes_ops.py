@@ -12,7 +12,7 @@ router = APIRouter()
 async def health(state: StateDep):
     """Liveness, and the state of the repository index."""
     return {"status": "ok", "model": state.settings.model_name, "index": dict(state.index_status),
-            "queue_depth": state.engine.queue_depth()}
+            "queue_depth": state.engine.queue_depth(), "runtime": state.engine.runtime()}
 
 
 @router.get("/metrics")

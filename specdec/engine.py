@@ -192,6 +192,19 @@ class Engine:
         prompt-cache work, so that it answers at once whatever the scheduler is doing."""
         return self.scheduler.queue_depth()
 
+    def runtime(self) -> dict:
+        """How the target runs here (for /health): its weights' form, the thread count that
+        torch and the native step share, and the packed matrices' kernel."""
+        import torch
+
+        from specdec_kernels import cpu_decode
+
+        target = self.target
+        weights = "packed 8-bit blocks" if target.packed else str(target.dtype).removeprefix("torch.")
+        return {"weights": weights, "native_step": target.native_step is not None,
+                "threads": torch.get_num_threads(),
+                "packed_kernel": cpu_decode.qkernel() if target.packed else None}
+
     def metrics(self) -> EngineMetrics:
         entries, nbytes = self.prompt_cache.nbytes()
         return EngineMetrics(self.scheduler.queue_depth(), self.target.expert_load().tolist(), entries, nbytes,

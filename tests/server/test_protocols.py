@@ -80,6 +80,10 @@ def test_sse_has_no_comment_lines_and_ends_with_done(live):
 def test_health_and_metrics(live):
     health = httpx.get(f"{live.url}/health").json()
     assert health["status"] == "ok" and health["index"]["state"] == "ready"
+    import torch
+
+    assert health["runtime"]["threads"] == torch.get_num_threads()  # the server runs in this process
+    assert health["runtime"]["weights"] == "float32" and health["runtime"]["packed_kernel"] is None
     text = httpx.get(f"{live.url}/metrics").text
     assert 'specdec_requests_total{endpoint="/infill",status="200"}' in text
     for name in ("specdec_request_latency_ms_bucket", "specdec_tau", "specdec_accepted_tokens_total",
