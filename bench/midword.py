@@ -23,7 +23,7 @@ import torch
 
 from specdec import Engine, Segment, load_model
 from specdec.model_cache import default_target
-from specdec.quantize import quantize_target
+from specdec.quantize import loads_packed, quantize_target
 
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{5,}")
 PREFIX_CHARS, SUFFIX_CHARS, MAX_TOKENS = 1500, 400, 24
@@ -89,7 +89,7 @@ def main() -> int:
     if target is None:
         print("no --target and the default model is not pulled", file=sys.stderr)
         return 2
-    model = quantize_target(load_model(target), args.quantize)
+    model = quantize_target(load_model(target, packed=loads_packed(target, args.quantize)), args.quantize)
     engine = Engine(model, None, None, warm_up=False)
     rows = []
     for number, point in enumerate(sample_points(args.repo, args.points, args.seed), 1):

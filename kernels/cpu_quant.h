@@ -222,7 +222,7 @@ void specdec_set_qkernel(int kernel) { qkernel = kernel; }
  * instruction the CPU refuses kills only the child. */
 int specdec_qkernel_probe(int kernel) {
     enum { ROWS = 20, COLS = 64, N = 5 };
-    static uint8_t q[2 * 16 * ROWS * COLS];
+    static uint8_t q[2 * (COLS / 32) * 512]; /* 2 tiles of 16 rows */
     static float scale[2 * 16 * 2], offset[2 * 16 * 2], X[N * COLS], Y0[N * ROWS], Y1[N * ROWS];
     static int32_t zero[32];
     static int8_t xq[N * COLS];

@@ -224,15 +224,15 @@ class NativeStep:
         uint8 tree masks they point into."""
         seqs, masks = (cpu_decode.Seq * len(segments))(), []
         for seq, segment in zip(seqs, segments, strict=True):
-            cache, offset = segment.cache, getattr(segment, "offset", 0)
-            if not isinstance(segment, _Chunk):  # a chunk's cache was reserved for its whole segment
+            cache, chunk = segment.cache, isinstance(segment, _Chunk)
+            if not chunk:  # a chunk's cache was reserved for its whole segment
                 cache.reserve(segment.length)
             mask = None
             if segment.tree_mask is not None and segment.length > 1:
                 mask = segment.tree_mask.to(torch.uint8).contiguous()
                 masks.append(mask)
             seq.keys, seq.values, seq.capacity = cache.keys.data_ptr(), cache.values.data_ptr(), cache.capacity
-            seq.length, seq.n = cache.length + offset, segment.length
+            seq.length, seq.n = cache.length + (segment.offset if chunk else 0), segment.length
             seq.mask = None if mask is None else mask.data_ptr()
         return seqs, masks
 

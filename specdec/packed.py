@@ -156,9 +156,8 @@ def model_matrices(rows: dict, num_layers: int, tied: bool) -> dict:
             raise KeyError(f"the checkpoint has no {name}")
         return rows.pop(name)
 
-    matrices = {"embed": PackedMatrix(take("model.embed_tokens.weight") if not tied else rows["model.embed_tokens.weight"])}
+    matrices = {"embed": PackedMatrix(take("model.embed_tokens.weight"))}
     matrices["lm_head"] = matrices["embed"] if tied else PackedMatrix(take("lm_head.weight"))
-    rows.pop("model.embed_tokens.weight", None)
     for i in range(num_layers):
         at = f"model.layers.{i}."
         attention = [take(at + f"self_attn.{p}_proj.weight") for p in "qkv"]

@@ -146,8 +146,11 @@ def quantize_target(model: Transformer, quantization: str) -> Transformer:
     faster than eager int8, which would give it up (bench/bench_decode.py)."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantize {quantization!r}: expected one of {', '.join(QUANTIZATIONS)}")
-    if model.packed or quantization == "blocks":  # packed when loaded (loads_packed)
+    if model.packed:  # packed when loaded (loads_packed)
         return model
+    if quantization == "blocks":
+        raise ValueError("quantize 'blocks': packed weights are made at load, from a GGUF file "
+                         "(load_model(FILE, packed=True))")
     if quantization == "auto":
         fits = (model.device.type == "cpu" and model.dtype == torch.float32 and not _sharded(model)
                 and model.native_step is None)

@@ -14,6 +14,7 @@ from specdec.config import ConfigError
 from specdec.loader import CheckpointError
 from specdec.model import Segment
 from specdec.packed import PackedMatrix, concat_rows, from_floats, from_gguf
+from specdec.quantize import quantize_target
 from specdec_kernels import cpu_decode
 from tests.specdec.gguf_files import write_gguf
 from tests.specdec.test_gguf import IDS, tiny_transformers_model
@@ -81,13 +82,12 @@ def test_every_kernel_this_cpu_runs_gives_the_portable_kernels_numbers(name):
     exact = x @ rows.dequantized().T
     assert np.abs(portable - exact).max() <= 2e-2 * np.abs(exact).max()  # 8-bit activations
     lib = cpu_decode.library()
-    ran = 0
     for kernel in ("avx2", "avx512_vnni"):
         code = cpu_decode.QKERNELS[kernel]
         if cpu_decode._probe_in_child(lib, code):
-            ran += 1
             assert np.array_equal(_product(matrix, x, code), portable), kernel
-    one_by_one = np.concatenate([_product(matrix, x[i:i + 1].copy(), 2 if ran == 2 else 0) for i in range(5)])
+    in_use = cpu_decode.QKERNELS[cpu_decode.qkernel()]
+    one_by_one = np.concatenate([_product(matrix, x[i:i + 1].copy(), in_use) for i in range(5)])
     assert np.array_equal(one_by_one, portable)  # a token's row does not depend on its neighbours
 
 
@@ -145,6 +145,8 @@ def test_a_tokens_logits_are_the_same_in_one_pass_token_by_token_and_in_chunks(q
 def test_packing_is_refused_with_a_clear_error_where_it_cannot_run(qwen2_files, tmp_path):
     with pytest.raises(CheckpointError, match="GGUF"):
         load_model(qwen2_files[1], packed=True)
+    with pytest.raises(ValueError, match="made at load"):  # never a float model under the name
+        quantize_target(load_model(qwen2_files[0]), "blocks")
     model = tiny_transformers_model("qwen3moe")
     model.save_pretrained(tmp_path / "hf")  # names its architecture
     moe = write_gguf(tmp_path / "moe.gguf", model)
