@@ -57,7 +57,7 @@ def log_positions(forced, plain, index, points, max_tokens: int = 64) -> list[di
     def every_source(self, strategy, acceptance):
         current.clear()
         current["position"] = len(self.generated)
-        healed = self.prompt.healed_text if self.healing_pending else ""
+        healed = self.healing_left
         started = time.perf_counter()
         found = [DraftPath(f"trie:{rank}", p.tokens, p.probs) for rank, p in enumerate(trie_paths(
             self.engine.index, self.options.prefix + self.text, self.options.path, self.engine.prompts.encode, healed,
@@ -68,7 +68,7 @@ def log_positions(forced, plain, index, points, max_tokens: int = 64) -> list[di
             found += [DraftPath(f"history:{length}", p.tokens, p.probs) for p in self._history_paths(acceptance, [length])]
         current["history_ms"] = _since(started)
         self._catch_up()
-        first = self.prompt.allowed_first if self.healing_pending else None
+        first = self.healing.allowed if self.healing_pending else None
         started = time.perf_counter()
         tokens, probs = self.draft.chain(self.committed, self.engine.draft_depth, generation.FORCED_DRAFT_FLOOR, first,
                                          self.engine.prompts.stop_ids)

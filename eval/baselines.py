@@ -7,18 +7,24 @@ import torch
 NAMES = ("hf-ar", "hf-pld", "hf-assist")
 
 
-class FirstTokenRestriction:
-    """A logits processor applying our token-healing constraint to the first generated token."""
+class HealingRestriction:
+    """A logits processor applying our token-healing constraint (fim.Healing) to the first
+    generated tokens, until they spell the healed text."""
 
-    def __init__(self, prompt_length: int, allowed):
-        self.prompt_length, self.allowed = prompt_length, allowed
+    def __init__(self, prompt_length: int, healing):
+        self.prompt_length, self.healing = prompt_length, healing
 
     def __call__(self, input_ids, scores):
-        if self.allowed is not None and input_ids.shape[1] == self.prompt_length:
-            mask = torch.full_like(scores, float("-inf"))
-            mask[:, self.allowed] = 0
-            return scores + mask
-        return scores
+        healing = self.healing
+        for token in input_ids[0, self.prompt_length :].tolist():
+            if healing is None:
+                break
+            healing = healing.after(token)
+        if healing is None:
+            return scores
+        mask = torch.full_like(scores, float("-inf"))
+        mask[:, healing.allowed] = 0
+        return scores + mask
 
 
 class HFBaselines:
@@ -35,7 +41,7 @@ class HFBaselines:
         prompt = engine.prompt_for(point.prefix, point.suffix, path=point.path)
         ids = torch.tensor([prompt.ids])
         new_tokens = max(1, len(reference["tokens"]) + (reference["stop_reason"] == "eos"))
-        processors = LogitsProcessorList([FirstTokenRestriction(ids.shape[1], prompt.allowed_first)])
+        processors = LogitsProcessorList([HealingRestriction(ids.shape[1], prompt.healing)])
         eos = sorted(engine.stop_token_ids)
         variants = {"hf-ar": {}, "hf-pld": {"prompt_lookup_num_tokens": 10}}
         if self.draft is not None:

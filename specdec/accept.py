@@ -73,18 +73,21 @@ _MASK64 = (1 << 64) - 1
 
 
 def accept(tree: TokenTree, logits: torch.Tensor, s: Sampling, uniforms: Uniforms | None = None,
-           first_allowed=None, position: int = 0) -> Accepted:
+           healing=None, position: int = 0) -> Accepted:
     """logits [len(tree), vocab] from the target for every tree node; `position` is the index
-    of the token that follows the root (sampling draws the uniform of each position). The
+    of the token that follows the root (sampling draws the uniform of each position); healing:
+    the prompt's token healing still to be spelled (fim.Healing), which holds the first nodes. The
     logits may be a CPU forward's numpy view: greedy rows then skip torch's per-op overhead."""
-    if isinstance(logits, np.ndarray) and (first_allowed is not None or not s.greedy):
+    if isinstance(logits, np.ndarray) and (healing is not None or not s.greedy):
         logits = torch.from_numpy(logits)  # restricting and sampling work on tensors
     node, nodes = 0, []
     while True:
         row = logits[node]
-        if first_allowed is not None and node == 0:
-            row = _restrict(row, first_allowed)
+        if healing is not None:
+            row = _restrict(row, healing.allowed)
         token = _target_token(row, s, uniforms, position + tree.depths[node])
+        if healing is not None:
+            healing = healing.after(token)
         child = tree.children[node].get(token)
         if child is None:
             return Accepted(nodes, token)

@@ -262,5 +262,5 @@ class EagleRunner:
         if allowed_first is None:
             return logits
         targets = self.head.to_target(torch.arange(logits.numel()))
-        keep = torch.isin(targets, torch.as_tensor(list(allowed_first)))
+        keep = torch.isin(targets, torch.as_tensor(allowed_first))
         return logits.masked_fill(~keep, float("-inf")) if bool(keep.any()) else logits

@@ -6,16 +6,20 @@ stays valid keystroke after keystroke):
   context  <|file_sep|>{filename}\n{text}    for each extra chunk, before the file
   PSM      <|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>
   SPM      <|fim_prefix|><|fim_suffix|>{suffix}<|fim_middle|>{prefix}
-Token healing: the prefix's last token is taken back out of the prompt (or, when the prefix
-ends in whitespace, all its trailing whitespace tokens), and the first generated token must start
-with the text taken out. A cursor inside a word (`redis_cl|`) or after indentation (`\n    |`,
-which training text always tokenizes together with the next word's newline) then does not force
-the model to continue from a token boundary it never saw.
+Token healing: the word being typed is taken back out of the prompt (or, when the prefix ends
+in whitespace, the whitespace tokens whose boundaries depend on what follows), and the generated
+text must start with the text taken out. A cursor inside a word (`redis_cl|`) or after
+indentation (`\n    |`) then does not force the model to continue from a token boundary it never
+saw. Tokenizers split an indentation differently: the embedded one as `\n    ` + `word`, Qwen's as
+`\n` + `   ` + ` word`, the indentation's last space joined to the word. So the healed text may
+be spelled by several tokens: see Healing.
 """
 
 import bisect
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 from specdec.detokenize import token_bytes
 from specdec.fim_formats import FimFormat, FimFormatError, detect, order
@@ -28,17 +32,46 @@ MAX_HEALED_TOKENS = 4  # a word being typed rarely spans more tokens than this
 FIXED_TOKENS = 5  # the format's special tokens around prefix and suffix, and a BOS where the family has one
 _SENTINEL = "\u263a"  # a character no merge joins to the text after it (Meta's reference code uses it too)
 ANCHOR_EVERY = 8  # about one line in this many is a place where a too-long prefix may be cut
+# What may follow a whitespace tail: a word, a deeper indentation, punctuation, a number. A token
+# of the tail stays in the prompt only where each of them tokenizes it the same way.
+WHITESPACE_PROBES = ("a", "    a", "(", "1")
 
 
 class PromptError(ValueError):
     """A prompt this model cannot take (e.g. a tokenizer without FIM tokens)."""
 
 
+class Healing:
+    """Token healing's hold on the completion: its text must begin with `left`, the text taken
+    out of the prompt and not generated yet. The next token may spell all of `left` and go on,
+    or only a first part of it, and then the rest holds the token after it: a tokenizer that
+    splits the healed `\n        ` as `\n`, 7 spaces, ` word` takes that path, one token at a time.
+    Each kind is a token the tokenizer gives some text, so the model is never forced off the
+    splits it was trained on."""
+
+    __slots__ = ("left", "allowed", "_builder")
+
+    def __init__(self, builder: "PromptBuilder", left: str):
+        self.left, self._builder = left, builder
+        self.allowed = torch.as_tensor(builder.tokens_starting_with(left) + builder.tokens_spelling_part_of(left),
+                                       dtype=torch.long)  # never empty: a text's first character is a token
+
+    def allows(self, token: int) -> bool:
+        text = self._builder.vocab_text[token]
+        return token not in self._builder.stop_ids and bool(text) and (
+            text.startswith(self.left) or self.left.startswith(text))
+
+    def after(self, token: int) -> "Healing | None":
+        """What holds the token after `token` (one this healing allows): None once all is spelled."""
+        spelled = len(self._builder.vocab_text[token])
+        return self._builder.healing(self.left[spelled:]) if spelled < len(self.left) else None
+
+
 @dataclass
 class Prompt:
     ids: list[int]  # the tokens to prefill
     healed_text: str  # text taken back out of the prompt by token healing ("" if none)
-    allowed_first: list[int] | None  # token ids allowed as the first generated token (healing)
+    healing: Healing | None = field(compare=False)  # what healed_text asks of the first generated tokens
     truncated: bool  # context or prefix had to be cut to fit
     context_chunks: int = 0  # chunks that went into the prompt
     context_tokens: int = 0
@@ -83,6 +116,7 @@ class PromptBuilder:
         ranked = sorted((t, i) for i, t in enumerate(self.vocab_text) if i not in self.stop_ids)
         self._sorted_text = [t for t, _ in ranked]
         self._sorted_ids = [i for _, i in ranked]
+        self._healings: dict[str, Healing] = {}
 
     def encode(self, text: str) -> list[int]:
         return self._encoding(text).ids if text else []
@@ -119,9 +153,9 @@ class PromptBuilder:
         prefix_ids, truncated, sized_by = self._prefix_within(prefix, budget - keep_suffix, budget - len(suffix_ids))
         if truncated:
             suffix_ids = suffix_ids[:keep_suffix]
-        healed, allowed = "", None
+        healed = ""
         if heal and prefix_ids:
-            prefix_ids, healed, allowed = self._heal(prefix_ids)
+            prefix_ids, healed = self._heal(prefix_ids)
         room = self.max_tokens - FIXED_TOKENS - len(prefix_ids) - len(suffix_ids)
         # The context's room is sized as the cut is, from the lines above the cursor's, in steps
         # of 128 tokens: the room left by the prefix's own tokens would shrink keystroke by
@@ -131,7 +165,8 @@ class PromptBuilder:
         truncated |= context[1]
         bos = [self.special[self.format.bos]] if self.format.bos in self.special else []
         ordered = self._ordered(prefix_ids, suffix_ids, fim_mode or self.fim_mode)
-        return Prompt(bos + context[0] + ordered, healed, allowed, truncated, context[2], len(context[0]))
+        return Prompt(bos + context[0] + ordered, healed, self.healing(healed), truncated, context[2],
+                      len(context[0]))
 
     def _ordered(self, prefix_ids: list[int], suffix_ids: list[int], fim_mode: str) -> list[int]:
         fmt, sp = self.format, self.special
@@ -183,18 +218,31 @@ class PromptBuilder:
     def _encoding(self, text: str):
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def _heal(self, ids: list[int]):
-        """(ids without the healed tail, the tail's text, tokens allowed to start the completion)."""
+    def _heal(self, ids: list[int]) -> tuple[list[int], str]:
+        """(ids without the healed tail, the tail's text)."""
         back = 0
         while back < min(MAX_HEALED_TOKENS, len(ids)) and not self.vocab_text[ids[-1 - back]].strip():
             back += 1
-        counts = (back, 1) if back else range(self._word_tail(ids), 0, -1)
-        for count in counts:  # the longest tail that some single token still covers
+        if back:
+            kept = len(ids) - back + self._settled_whitespace(ids[len(ids) - back :])
+            return ids[:kept], "".join(self.vocab_text[i] for i in ids[kept:])
+        for count in range(self._word_tail(ids), 0, -1):  # the longest tail that some single token still covers
             text = "".join(self.vocab_text[i] for i in ids[len(ids) - count :])
-            allowed = self.tokens_starting_with(text)
-            if allowed:
-                return ids[: len(ids) - count], text, allowed
-        return ids, "", None
+            if self.tokens_starting_with(text):
+                return ids[: len(ids) - count], text
+        return ids, ""
+
+    def _settled_whitespace(self, tail: list[int]) -> int:
+        """How many of a whitespace tail's first tokens every probe continuation tokenizes the
+        same way (Qwen's `\n` before an indentation); the rest depend on what is typed next."""
+        text, settled = "".join(self.vocab_text[i] for i in tail), len(tail)
+        for probe in WHITESPACE_PROBES:
+            ids = self.encode(text + probe)
+            same = 0
+            while same < settled and same < len(ids) and ids[same] == tail[same]:
+                same += 1
+            settled = same
+        return settled
 
     def _word_tail(self, ids: list[int]) -> int:
         """How many final tokens spell the word being typed (`ret`+`u` of `retu`), at least 1.
@@ -211,6 +259,26 @@ class PromptBuilder:
             if core is not piece:  # a leading space starts the word
                 break
         return max(1, count)
+
+    def healing(self, text: str) -> Healing | None:
+        """The hold of a healed text on the completion (None for no text), made once per text."""
+        if not text:
+            return None
+        healing = self._healings.get(text)
+        if healing is None:
+            if len(self._healings) >= 1024:  # healed texts are short tails; this bounds odd inputs
+                self._healings.clear()
+            healing = self._healings[text] = Healing(self, text)
+        return healing
+
+    def tokens_spelling_part_of(self, text: str) -> list[int]:
+        """Ids of the (non-special) tokens whose text is a first part of `text`, shorter than it."""
+        ids = []
+        for end in range(1, len(text)):
+            lo = bisect.bisect_left(self._sorted_text, text[:end])
+            hi = bisect.bisect_right(self._sorted_text, text[:end], lo)
+            ids += self._sorted_ids[lo:hi]
+        return ids
 
     def tokens_starting_with(self, text: str) -> list[int]:
         """Ids of the (non-special) tokens whose text starts with `text`, in sorted-text order."""

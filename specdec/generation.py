@@ -92,6 +92,7 @@ class Generation:
         # Built when the request begins, on the scheduler thread: a request superseded while
         # it waits (most keystrokes, when typing fast) is never tokenized.
         self.prompt = None
+        self.healing = None  # the prompt's healed text not spelled yet (fim.Healing)
         self.committed: list[int] = []  # prompt then generated tokens (the target's sequence)
         self.cache = self.draft = self.eagle = self.spare = None
         self._plain = None  # a plain step's token and position tensors, reused (see _root_alone)
@@ -192,6 +193,7 @@ class Generation:
         self.prompt = engine.prompts.build(options.prefix, options.suffix, extra, options.path, reserve=reserve,
                                            fim_mode=options.fim_mode)
         self.stats.context_chunks, self.stats.context_tokens = self.prompt.context_chunks, self.prompt.context_tokens
+        self.healing = self.prompt.healing
         self.committed = ids = list(self.prompt.ids)
         entry, common = engine.prompt_cache.take(ids) if options.use_prompt_cache else (None, 0)
         if entry is not None:
@@ -262,7 +264,12 @@ class Generation:
 
     @property
     def healing_pending(self) -> bool:
-        return not self.generated and self.prompt.allowed_first is not None
+        return self.healing is not None
+
+    @property
+    def healing_left(self) -> str:
+        """The healed text the completion has not spelled yet."""
+        return self.healing.left if self.healing is not None else ""
 
     def propose(self, riding: int = 0) -> TokenTree:
         """The token tree of this step: the sources' paths, grown within the verify budget.
@@ -281,8 +288,7 @@ class Generation:
         if not self.speculating and not paths:
             return tree
         if self.healing_pending:
-            allowed = set(self.prompt.allowed_first)
-            paths = [p for p in paths if p.tokens and p.tokens[0] in allowed]
+            paths = [p for p in paths if p.tokens and self.healing.allows(p.tokens[0])]
         if self.rules.single_line:  # its line's end ends the completion: nodes after it could never be used
             paths = [cut_after(p, engine.prompts.newline_ids) for p in paths]
         left = self.max_tokens - len(self.generated)  # nor can nodes past the token limit
@@ -315,7 +321,7 @@ class Generation:
     def _history_paths(self, acceptance, lengths=None, search_chars: int = SELF_SEARCH_CHARS) -> list[DraftPath]:
         """The suggestion history's paths after the text so far (tail lengths: MATCH_LENGTHS),
         the text itself searched `search_chars` back."""
-        healed = self.prompt.healed_text if self.healing_pending else ""
+        healed = self.healing_left
         # Only what the search reads: a prefix is often the whole file, copied at every step.
         searched = self.options.prefix[-search_chars - 1 :] + self.text
         return history_paths(self.engine.history, self.options.document, searched,
@@ -323,7 +329,7 @@ class Generation:
 
     def _paths(self, strategy: str, acceptance) -> list[DraftPath]:
         engine, paths = self.engine, []
-        healed = self.prompt.healed_text if self.healing_pending else ""
+        healed = self.healing_left
         before_cursor = self.options.prefix + self.text
         if strategy in ("trie", "hybrid"):
             paths += trie_paths(engine.index, before_cursor, self.options.path, engine.prompts.encode, healed, acceptance)
@@ -341,7 +347,7 @@ class Generation:
             if engine.adaptive:
                 floor = max(engine.draft_min_prob, min_useful_prob(engine.verify_cost, self.riding))
                 floor /= acceptance.draft_scale
-            first = self.prompt.allowed_first if self.healing_pending else None
+            first = self.healing.allowed if self.healing_pending else None
             tokens, probs = drafter.chain(self.committed, engine.draft_depth, min(0.95, floor), first,
                                           engine.prompts.stop_ids)
             scale = acceptance.draft_scale
@@ -389,8 +395,7 @@ class Generation:
         Returns the number of tokens this step added to the sequence."""
         if self.state is not State.DECODING:
             raise IllegalTransition(f"commit on a {self.state.value} generation")
-        first = self.prompt.allowed_first if self.healing_pending else None
-        result = accept(tree, logits, self.sampling, self.uniforms, first, position=len(self.committed))
+        result = accept(tree, logits, self.sampling, self.uniforms, self.healing, position=len(self.committed))
         self.cache.keep([0] + result.nodes)
         if self.eagle is not None and features is not None:
             self.eagle.extend(features[[0] + result.nodes])
@@ -419,6 +424,8 @@ class Generation:
             self.finish("eos")
             return True
         self.generated.append(token)
+        if self.healing is not None:
+            self.healing = self.healing.after(token)
         decoded = self.stream.append(token)
         self.text = decoded[len(self.prompt.healed_text) :]
         cut = self.rules.cut(self.text)

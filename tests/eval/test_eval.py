@@ -87,7 +87,11 @@ def test_tiny_end_to_end_run(tiny_models, tmp_path):
 def test_always_speculate_run_is_recorded_and_stays_lossless(tiny_models, tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
-    (repo / "m.py").write_text("def f(x):\n    value = x + 1\n    return value * 2\n\n" * 4)
+    # No line repeats: a history token could then only be another variant's answer replayed
+    # (the text's own repeats count as history too).
+    (repo / "m.py").write_text("def f(x):\n    value = x + 1\n    return value * 2\n\n"
+                               "class Box:\n    size = 3\n\n    def grow(self, by):\n        self.size += by\n"
+                               "\n\ndef names(rows):\n    return [row.name for row in rows if row]\n")
     out = tmp_path / "out"
     rc = eval_main(["run", "--repo", str(repo), "--points", "2", "--seed", "0", "--out", str(out), "--strategies", "hybrid",
                     "--target", str(tiny_models[0]), "--draft", str(tiny_models[1]), "--max-tokens", "6", "--always-speculate"])

@@ -10,15 +10,23 @@ from tests.helpers import generation
 CHI2_999 = {5: 20.52, 10: 29.59, 15: 37.70, 20: 45.31, 25: 52.62, 30: 59.70}
 
 
-def _exact_pairs(model, prompt_ids, allowed, sampling):
+def _held(logits, healing):
+    """The logits with token healing's hold applied (fim.Healing, None for none)."""
+    if healing is None:
+        return logits
+    masked = torch.full_like(logits, float("-inf"))
+    masked[healing.allowed] = logits[healing.allowed]
+    return masked
+
+
+def _exact_pairs(model, prompt_ids, healing, sampling):
     """{(t1, t2): probability} of the first two tokens under the target."""
     logits = model.logits(torch.tensor([prompt_ids]))[0, -1]
-    masked = torch.full_like(logits, float("-inf"))
-    masked[allowed] = logits[allowed]
-    first = target_probs(masked, sampling)
+    first = target_probs(_held(logits, healing), sampling)
     pairs = {}
     for t1 in torch.nonzero(first).flatten().tolist():
-        second = target_probs(model.logits(torch.tensor([prompt_ids + [t1]]))[0, -1], sampling)
+        after = healing.after(t1) if healing is not None else None
+        second = target_probs(_held(model.logits(torch.tensor([prompt_ids + [t1]]))[0, -1], after), sampling)
         for t2 in torch.nonzero(second).flatten().tolist():
             pairs[(t1, t2)] = float(first[t1] * second[t2])
     return pairs
@@ -32,7 +40,7 @@ def test_speculative_sampling_matches_target_distribution(tiny_models):
     sampling = Sampling(temperature=1.0, top_k=3)
     prefix = "def add(a, b):\n    return a + b\n\nvalue = add(1, "
     probe = engine.prompts.build(prefix, "")  # the prompt each generation below builds
-    exact = _exact_pairs(target, probe.ids, probe.allowed_first, sampling)
+    exact = _exact_pairs(target, probe.ids, probe.healing, sampling)
     counts, samples, drafted = {}, 1500, 0
     for seed in range(samples):
         g = generation(engine, prefix, "", strategy="draft", max_tokens=2, temperature=1.0, top_k=3, seed=seed,
@@ -71,6 +79,16 @@ def test_seeded_sampling_equals_plain_sampling_for_every_strategy(tiny_models):
             assert engine.complete(prefix, suffix, strategy=strategy, **options).tokens == reference, (seed, strategy)
 
 
+class _FirstTokenHeld:
+    """A healing (fim.Healing's interface) that holds the first token to `allowed`, then lets go."""
+
+    def __init__(self, allowed):
+        self.allowed = allowed
+
+    def after(self, token):
+        return None
+
+
 def test_acceptance_reads_a_numpy_view_of_the_logits_as_it_reads_the_tensor():
     """The scheduler hands a CPU forward's logits over as numpy: greedy, restricted (healing)
     and sampled acceptance must choose what they choose on the tensor."""
@@ -87,7 +105,8 @@ def test_acceptance_reads_a_numpy_view_of_the_logits_as_it_reads_the_tensor():
         tree.add_child(0, 11, "trie", 0.3)
         if trial % 4 == 0:  # every row's largest value twice: the first of equals wins
             logits[:, 13] = logits.max(dim=1).values
-        for sampling, allowed in ((Sampling(), None), (Sampling(), [11, 7, favourite[0]]), (Sampling(0.8, 0.9, 20), None)):
-            on_tensor = accept(tree, logits, sampling, Uniforms(trial), allowed, position=9)
-            on_numpy = accept(tree, logits.numpy(), sampling, Uniforms(trial), allowed, position=9)
+        held = _FirstTokenHeld(torch.tensor([11, 7, favourite[0]]))
+        for sampling, healing in ((Sampling(), None), (Sampling(), held), (Sampling(0.8, 0.9, 20), None)):
+            on_tensor = accept(tree, logits, sampling, Uniforms(trial), healing, position=9)
+            on_numpy = accept(tree, logits.numpy(), sampling, Uniforms(trial), healing, position=9)
             assert (on_tensor.nodes, on_tensor.bonus) == (on_numpy.nodes, on_numpy.bonus)

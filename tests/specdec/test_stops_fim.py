@@ -51,7 +51,8 @@ def test_prompt_orders_and_healing(tiny_models):
     body = spm.ids[spm.ids.index(sp["<|fim_prefix|>"]):]
     assert body[:2] == [sp["<|fim_prefix|>"], sp["<|fim_suffix|>"]] and sp["<|fim_middle|>"] in body
     assert "va".endswith(spm.healed_text) and spm.healed_text
-    assert all(builder.vocab_text[i].startswith(spm.healed_text) for i in spm.allowed_first)
+    assert spm.healing.left == spm.healed_text
+    assert all(_spells_or_begins(builder.vocab_text[i], spm.healed_text) for i in spm.healing.allowed.tolist())
     indent = builder.build("class A:\n    x = 1\n    ", "")
     assert indent.healed_text.endswith("    ") and indent.healed_text.startswith("\n")
     psm = PromptBuilder(tok, "psm").build("a = ", "\nb = 2\n")
@@ -146,19 +147,29 @@ def test_healing_takes_back_the_whole_word_being_typed():
     assert pieces[-2:] == ["ret", "u"]  # the premise: the word spans two tokens
     prompt = builder.build("x = 1\n        retu", "")
     assert prompt.healed_text == "retu"
-    assert "return" in {builder.vocab_text[i] for i in prompt.allowed_first}
+    assert "return" in {builder.vocab_text[i] for i in prompt.healing.allowed.tolist()}
     assert builder.build("value = get_field_na", "").healed_text.endswith("na")  # no single token covers it all
     assert builder.build("x = self.", "").healed_text == "."
 
 
-def _family_tokenizer(specials):
-    """A small byte-level BPE (stdlib text) that carries one family's special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def _spells_or_begins(token_text: str, healed: str) -> bool:
+    """A token healing may allow: it spells the healed text and goes on, or spells its first part."""
+    return token_text.startswith(healed) or (bool(token_text) and healed.startswith(token_text))
+
+
+def _family_tokenizer(specials, split: str | None = None):
+    """A small byte-level BPE (stdlib text) that carries one family's special tokens; split: the
+    family's pre-tokenizer expression (default: GPT-2's)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from tests.helpers import CORPUS_FILES, STDLIB
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split is not None:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=list(specials), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -192,6 +203,30 @@ def test_each_familys_prompt_is_its_documented_string():
         assert tokenizer.token_to_id(eot) in builder.stop_ids
     starcoder = PromptBuilder(_family_tokenizer(FAMILIES["starcoder"][0]), None)
     assert {starcoder.special[t] for t in ("<fim_pad>", "<file_sep>")} <= starcoder.stop_ids
+
+
+def test_healing_an_indentation_lets_the_next_word_take_its_space():
+    """Qwen's split joins an indentation's last space to the next word (`\n`, 7 spaces, ` return`).
+    Healing the indentation as one token (8 spaces) made that split unreachable, and the model
+    indented again or wrote nothing: the healed text may now be spelled over several tokens, and
+    the `\n` that every continuation splits off stays in the prompt."""
+    from specdec.gguf_tokenizer import SPLITS
+
+    builder = PromptBuilder(_family_tokenizer(FAMILIES["qwen"][0], SPLITS["qwen2"]), "spm")
+    prefix = "x = 1\n        "
+    natural = builder.encode(prefix + "return")
+    assert [builder.vocab_text[i] for i in natural[-3:]] == ["\n", "       ", " return"]  # the premise
+    prompt = builder.build(prefix, "")
+    assert prompt.healed_text == "        " and builder.vocab_text[prompt.ids[-1]] == "\n"
+    healing = prompt.healing
+    for token in natural[-2:]:  # 7 spaces, then ` return`: each allowed in its turn
+        assert healing.allows(token) and token in healing.allowed.tolist()
+        healing = healing.after(token)
+    assert healing is None  # all spelled: the completion goes on freely
+    assert not prompt.healing.allows(builder.encode("x")[0])  # the indentation cannot be dropped
+    deeper = builder.encode(" " * 11)
+    assert len(deeper) == 1 and prompt.healing.allows(deeper[0])  # nor a deeper one refused
+    assert builder.build("x = 1\n", "").healing is None  # a bare newline splits alike before anything
 
 
 def test_fim_orders_and_refusals():
@@ -257,6 +292,6 @@ def test_healing_with_sentencepiece_tokens_keeps_the_space_before_the_word():
     assert prompt.healed_text.endswith("retu")
     kept = prompt.ids[2 : prompt.ids.index(tokenizer.token_to_id("▁<SUF>"))]  # after <s> ▁<PRE>
     assert tokenizer.decode(kept) + prompt.healed_text == prefix
-    assert prompt.allowed_first
-    assert all(builder.vocab_text[i].startswith(prompt.healed_text) for i in prompt.allowed_first)
-    assert tokenizer.token_to_id("▁return") is None or tokenizer.token_to_id("▁return") in prompt.allowed_first
+    allowed = prompt.healing.allowed.tolist()
+    assert allowed and all(_spells_or_begins(builder.vocab_text[i], prompt.healed_text) for i in allowed)
+    assert tokenizer.token_to_id("▁return") is None or tokenizer.token_to_id("▁return") in allowed
