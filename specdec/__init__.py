@@ -12,10 +12,11 @@ from specdec.model import Segment, Transformer
 from specdec.options import MODES, STRATEGIES, CompletionOptions, OptionsError
 from specdec.scheduler import FinishedRecord, QueueFull
 from specdec.stats import Stats
+from specdec.textmetrics import edit_similarity, levenshtein
 
 CompletionRequest = CompletionOptions  # the name before the options were one validated carrier
 
 __all__ = ["load_model", "Engine", "EngineMetrics", "default_model_dir", "model_label", "ModelConfig", "Transformer", "Segment",
            "ConfigError", "CheckpointError", "CompletionOptions", "CompletionRequest", "OptionsError",
            "CompletionHandle", "Result", "Stats", "State", "IllegalTransition", "FinishedRecord", "STRATEGIES",
-           "MODES", "QueueFull"]
+           "MODES", "QueueFull", "edit_similarity", "levenshtein"]

@@ -7,7 +7,8 @@ copy test, FIM splices that parse, and draft-target agreement.
 Every figure is on packages never trained on (corpus.HELD_OUT), at points drawn with a fixed seed:
 - bits_per_char: the first 1,024 tokens of 40 files, no header;
 - next_line_exact_match: the prefix up to a line's first non-blank character, the rest of the line
-  completed exactly (single-line mode, the file's following text as suffix);
+  completed exactly (single-line mode, the file's following text as suffix), and
+  next_line_edit_similarity, 1 - Levenshtein distance / the longer length, on the same completions;
 - copy_test: lines that repeat an earlier line of the same file exactly, given the text before
   the line and its first 4 characters; `naive_copier` is the most recent earlier line with the
   same indentation and first 4 characters, for scale, and `naive_copier_in_window` the same copier
@@ -33,6 +34,7 @@ import torch
 from specdec.eagle import is_eagle3, load_eagle3
 from specdec.engine import Engine, default_model_dir
 from specdec.loader import load_model
+from specdec.textmetrics import edit_similarity
 from specdec.training.corpus import load_corpus
 from specdec.training.train import validation_metrics
 
@@ -172,12 +174,15 @@ def _hit_rate(guesses, points) -> float:
     return hits / max(1, len(points))
 
 
-def exact_rate(engine: Engine, points, mode: str = "single") -> float:
-    hits = 0
+def line_rates(engine: Engine, points, mode: str = "single") -> dict:
+    """Exact match and edit similarity of the completed rest of each point's line."""
+    hits = similarity = 0.0
     for prefix, truth, suffix, *_ in points:
-        result = engine.complete(prefix, suffix, strategy="ar", mode=mode, max_tokens=48)
-        hits += result.text.rstrip() == truth.rstrip()
-    return hits / max(1, len(points))
+        text = engine.complete(prefix, suffix, strategy="ar", mode=mode, max_tokens=48).text.rstrip()
+        hits += text == truth.rstrip()
+        similarity += edit_similarity(text, truth.rstrip())
+    count = max(1, len(points))
+    return {"exact_match": hits / count, "edit_similarity": similarity / count}
 
 
 def fim_parse_rate(engine: Engine, files, count: int, seed: int) -> float:
@@ -209,17 +214,18 @@ def _parses(text: str) -> bool:
 def model_figures(name: str, model, files, line_points, copies, points: int, seed: int) -> dict:
     """One model's figures, each printed to stderr when done (a real model takes hours)."""
     engine = Engine(model)
-    figures = {
-        "bits_per_char": lambda: validation_metrics(model, model.tokenizer, files[:40], max_tokens=10**9)["bits_per_char"],
-        "next_line_exact_match": lambda: exact_rate(engine, line_points),
-        "copy_test": lambda: exact_rate(engine, copies),
-        "fim_parses": lambda: fim_parse_rate(engine, files, max(20, points // 4), seed),
-        "repeat_recall": lambda: repeat_recall(model, files),
-    }
+    measures = (
+        lambda: {"bits_per_char": validation_metrics(model, model.tokenizer, files[:40], max_tokens=10**9)["bits_per_char"]},
+        lambda: {f"next_line_{key}": value for key, value in line_rates(engine, line_points).items()},
+        lambda: {"copy_test": line_rates(engine, copies)["exact_match"]},
+        lambda: {"fim_parses": fim_parse_rate(engine, files, max(20, points // 4), seed)},
+        lambda: {"repeat_recall": repeat_recall(model, files)},
+    )
     report = {}
-    for figure, measure in figures.items():
-        report[figure] = measure()
-        print(name, figure, json.dumps(report[figure]), file=sys.stderr, flush=True)
+    for measure in measures:
+        for figure, value in measure().items():
+            report[figure] = value
+            print(name, figure, json.dumps(value), file=sys.stderr, flush=True)
     return report
 
 

@@ -8,7 +8,8 @@ import httpx
 
 from tests.server.conftest import make_server
 
-LONG = {"input_prefix": "def f():\n", "input_suffix": "", "prompt": "    ", "n_predict": 500, "samplers": [],
+# At the first column: no dedent can end it, so it runs to its token limit unless superseded.
+LONG = {"input_prefix": "x = 1\n", "input_suffix": "", "prompt": "", "n_predict": 500, "samplers": [],
         "path": "pkg/long.py"}
 
 
@@ -66,7 +67,7 @@ def _wait_idle(engine, seconds=10):
 def test_disconnected_stream_stops_generating(live):
     # A prompt whose greedy completion by the tiny model runs to the full 500 tokens (checked),
     # so no stop rule can end it before the disconnect does.
-    body = dict(LONG, input_prefix="x = 1\n", prompt="", stream=True, path="pkg/cancel.py")
+    body = dict(LONG, stream=True, path="pkg/cancel.py")
     with httpx.stream("POST", f"{live.url}/infill", json=body, timeout=60) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):
