@@ -68,7 +68,8 @@ typedef struct {
     Mat lm_head;
     const float *inv_freq;   /* [D / 2] */
     const Layer *layers;
-    const int32_t *capture;  /* [capture_count]: the layer whose input goes to each slot of capture_out */
+    const int32_t *capture;  /* [capture_count]: the layer whose input goes to each slot of capture_out
+                              * (num_layers: the last layer's output, before the final norm) */
     int64_t capture_count;   /* slots (a layer may fill several, as a tiny model's head asks) */
 } Model;
 
@@ -439,6 +440,10 @@ int specdec_forward(const Model *m, int64_t nseq, const Seq *seqs, int64_t n, co
                 }
         }
     }
+#pragma omp single
+    for (int64_t t = 0; t < n; t++) /* slot num_layers: the last layer's output, before the final norm */
+        for (int64_t slot = 0; slot < captures; slot++)
+            if (m->capture[slot] == m->num_layers) memcpy(capture_out + (t * captures + slot) * H, x + t * H, (size_t)H * sizeof(float));
 #pragma omp single
     for (int64_t r = 0; r < nrows; r++) { /* the wanted rows, normed, packed at the front of h */
         const int64_t t = rows ? rows[r] : r;

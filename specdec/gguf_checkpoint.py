@@ -178,6 +178,14 @@ class GgufCheckpoint:
         for hf, halves in stacks.items():  # a gate without its up (or the reverse): the loader names it
             yield hf, next(iter(halves.values()))
 
+    def float_tensor(self, hf_name: str) -> torch.Tensor:
+        """One tensor (not an expert stack) by its Hugging Face name, as float32."""
+        for name, tensor in self.tensors.items():
+            part = _block_part(name)
+            if self.hf_name(name) == hf_name and part not in _EXPERT_STACKS:
+                return self._relaid(part, self._dequantized(tensor, None))
+        raise ConfigError(f"{self.path}: no tensor {hf_name}")
+
     def iter_packed(self) -> Iterator[tuple[str, object]]:
         """As iter_tensors, but the matrices the native step multiplies in integers (projections,
         lm_head, embedding) come as PackedRows made from their own blocks, never as floats."""

@@ -385,6 +385,7 @@ class Transformer(ExpertStatistics, nn.Module):
         self.tokenizer = None
         self.path = None
         self.capture_layers: tuple = ()  # layers whose input the forward keeps in .captured [N, k*H]
+        # (num_layers: the last layer's output, before the final norm; the native step only)
         self.captured = None
         # The latest forward's logits as the numpy array they were written into, when the native
         # step ran it (else None): its caller reads rows without torch's per-op overhead.
@@ -466,6 +467,8 @@ class Transformer(ExpertStatistics, nn.Module):
         if self.packed:
             raise RuntimeError("this model's weights are packed in 8-bit blocks, which only the native step "
                                "reads, and it could not run this forward")
+        if self.config.num_layers in self.capture_layers:
+            raise RuntimeError("the last layer's output (capture slot num_layers) is captured by the native step only")
         self.forget_native_routes()
         for seg in segments:
             seg.cache.reserve(seg.length)

@@ -3,6 +3,8 @@
     python -m specdec.training target [--shape wide] [--tokens 16e6] [--max-minutes M]
     python -m specdec.training draft [--tokens 4e6]       # distilled from runs/target
     python -m specdec.training head [--tokens 4e6]        # an EAGLE-3 head on runs/target's features
+    python -m specdec.training features --teacher FILE.gguf --tokens 2e6   # a real target's features, kept
+    python -m specdec.training head --teacher FILE.gguf --features runs/features --name head-qwen
     python -m specdec.training export                     # both into specdec/default_models
     python -m specdec.training pack --tokens 30e6         # packed corpus for a machine without network
     python -m specdec.training target --device cuda --data runs/packed.npz --batch-size 128 --tokens 300e6
@@ -21,9 +23,18 @@ from pathlib import Path
 
 import torch
 
+from specdec.eagle import Eagle3Config
 from specdec.loader import load_model, save_model
 from specdec.training.corpus import corpus_summary, load_corpus
-from specdec.training.eagle3 import build_head, draft_vocabulary, head_config, head_loss_fn, save_head
+from specdec.training.eagle3 import (
+    DRAFT_VOCAB,
+    TeacherLogits,
+    build_head,
+    draft_vocabulary,
+    head_config,
+    head_loss_fn,
+    save_head,
+)
 from specdec.training.packed import PackedBatches, write_packed
 from specdec.training.recipe import DEFAULT_SHAPE, TARGET_SHAPES, active_params, draft_config, target_config
 from specdec.training.tokenizer import SPECIAL_TOKENS
@@ -36,7 +47,7 @@ MODELS = Path(__file__).resolve().parents[1] / "default_models"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdec.training", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=("target", "draft", "head", "export", "pack"))
+    parser.add_argument("stage", choices=("target", "draft", "head", "features", "export", "pack"))
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="checkpoints, logs, corpus cache")
     parser.add_argument("--out", type=Path, default=MODELS, help="export directory")
     parser.add_argument("--shape", choices=sorted(TARGET_SHAPES), default=DEFAULT_SHAPE)
@@ -50,13 +61,17 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--data", type=Path, help="a packed corpus (pack stage) instead of the live corpus")
-    parser.add_argument("--mix", choices=("default", "copy", "recall", "induct", "settle"), default="default",
+    parser.add_argument("--mix", choices=("default", "copy", "recall", "induct", "settle", "psm"), default="default",
                         help="sample kinds (copy: a third of the samples see an edited earlier revision first; "
                              "recall: a quarter are unrelated lines, then some of them again; "
-                             "induct: recall plus repeated runs of random tokens; settle: recall and a few such runs)")
+                             "induct: recall plus repeated runs of random tokens; settle: recall and a few such runs; "
+                             "psm: no SPM samples, the features stage's default, for a PSM family as Qwen2.5-Coder)")
     parser.add_argument("--init-from", type=Path, help="a model (or, for head, an EAGLE-3 head) directory to start from "
                              "when there is no checkpoint")
     parser.add_argument("--teacher", type=Path, help="the draft's teacher (default: runs/target's checkpoint)")
+    parser.add_argument("--features", type=Path, help="head: train on this feature store (made by the features "
+                             "stage) instead of running the teacher on every batch")
+    parser.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB, help="head: tokens of its vocabulary")
     return parser
 
 
@@ -74,6 +89,10 @@ def main(argv=None) -> int:
         maker = _sample_maker(args, tokenizer)
         write_packed(maker, int(args.tokens or 30e6), args.seq_len, args.data or args.runs / "packed.npz")
         return 0
+    if args.stage == "features":
+        return _extract_features(args)
+    if args.stage == "head" and args.features:
+        return _train_head_on_features(args)
     run_dir = args.runs / (args.name or args.stage)
     teacher = _teacher(args, special, tokenizer) if args.stage in ("draft", "head") else None
     if args.stage == "head":
@@ -108,6 +127,67 @@ def main(argv=None) -> int:
                  run_dir, teacher=teacher if distilled else None, loss_fn=loss_fn)
     log.info("%s: %s", run_dir, "finished" if done else "stopped; rerun the same command to resume")
     return 0
+
+
+def _extract_features(args) -> int:
+    """The teacher's features over the corpus recipe's rows, into runs/NAME (default features)."""
+    from specdec.training.features import FeatureSettings, FeatureStore, extract
+
+    if not args.teacher:
+        raise SystemExit("features: --teacher FILE.gguf (or a model directory) is required")
+    teacher = load_model(args.teacher, packed=_packs(args.teacher)).train(False)
+    capture = Eagle3Config.from_dict(head_config(teacher.config)).capture_layers(teacher.config.num_layers)
+    mix = args.mix if args.mix != "default" else "psm"
+    settings = FeatureSettings(target=f"{args.teacher.name}:{args.teacher.stat().st_size}", capture=tuple(capture),
+                               hidden=teacher.config.hidden_size, seq_len=args.seq_len, seed=args.seed, mix=mix)
+    store = FeatureStore.open(args.runs / (args.name or "features"), settings)
+    args.mix = mix
+    maker = _sample_maker(args, teacher.tokenizer)
+    rows = int((args.tokens or 2e6) // args.seq_len)
+    done = extract(teacher, lambda i: maker.batch(i, 1, args.seq_len)[0], store, rows, args.max_minutes)
+    log.info("features: %d rows in %s; %s", store.rows, store.root, "done" if done else "rerun to continue")
+    return 0
+
+
+def _train_head_on_features(args) -> int:
+    """An EAGLE-3 head for --teacher trained on a feature store: the teacher is only read for its
+    config and embedding."""
+    from specdec.training.features import FeatureStore
+
+    if not args.teacher:
+        raise SystemExit("head --features: --teacher (the features' target) is required")
+    store = FeatureStore.open(args.features)
+    teacher = load_model(args.teacher, packed=_packs(args.teacher)).train(False)
+    expected = f"{args.teacher.name}:{args.teacher.stat().st_size}"
+    if store.settings.target != expected:
+        raise SystemExit(f"{args.features} holds the features of {store.settings.target}, not of {expected}")
+    raw = head_config(teacher.config, draft_vocab=args.draft_vocab)
+    run_dir = args.runs / (args.name or "head")
+    model = build_head(raw, teacher, args.seed)
+    if has_checkpoint(run_dir):  # its draft vocabulary picks the teacher's logits, before train() resumes it
+        model.load_state_dict(checkpoint_state(run_dir)["model"])
+    elif args.init_from:
+        _init_head(model, args.init_from, teacher)
+    else:
+        draft_vocabulary(model, (store.row_ids(i).tolist() for i in range(store.rows)))
+    settings = TrainSettings(tokens=int(args.tokens or 4e6), batch_size=args.batch_size,
+                             seq_len=store.settings.seq_len, lr=args.lr, seed=args.seed + 1,
+                             max_minutes=args.max_minutes, device="cpu")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    log.info("head %s on %s (%d rows): %.2fM trained parameters, %d steps", run_dir, store.root, store.rows,
+             sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, settings.total_steps)
+    done = train(model, lambda step: store.batch(step, settings.batch_size, settings.seed), settings, run_dir,
+                 loss_fn=head_loss_fn(None, stored=TeacherLogits(teacher, model)))
+    log.info("%s: %s", run_dir, "finished" if done else "stopped; rerun the same command to resume")
+    return 0
+
+
+def _packs(path: Path) -> bool:
+    """A GGUF teacher runs packed where the native step builds, as it serves."""
+    from specdec.quantize import loads_packed
+
+    return loads_packed(path, "auto")
 
 
 def tokenizer_of_defaults():

@@ -38,6 +38,17 @@ def head_config(target_config, aux_layer_ids=None, draft_vocab: int = DRAFT_VOCA
                                                              + [ids[-1]] * (3 - len(ids))}}
 
 
+def target_embedding(target) -> torch.Tensor:
+    """The target's token embedding as floats; a packed target's is read from its GGUF file
+    (its own stays in 8-bit blocks)."""
+    weight = target.model.embed_tokens.weight
+    if weight.device.type != "meta":
+        return weight.detach()
+    from specdec.gguf_checkpoint import GgufCheckpoint
+
+    return GgufCheckpoint(Path(target.path)).float_tensor("model.embed_tokens.weight")
+
+
 def build_head(raw: dict, target, seed: int = 0) -> Eagle3Head:
     head = Eagle3Head(Eagle3Config.from_dict(raw))
     gen = torch.Generator().manual_seed(seed)
@@ -47,7 +58,7 @@ def build_head(raw: dict, target, seed: int = 0) -> Eagle3Head:
                 p.fill_(1.0)
             elif name != "embed_tokens.weight":
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-        head.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+        head.embed_tokens.weight.copy_(target_embedding(target))
     head.embed_tokens.weight.requires_grad_(False)  # the target's, as at inference
     return head
 
@@ -63,20 +74,14 @@ def draft_vocabulary(head: Eagle3Head, batches) -> None:
 
 
 def head_loss(head: Eagle3Head, target, ids: torch.Tensor):
-    """ids [B, T + 1] -> (loss, (step-0, step-1) agreement with the target's argmax)."""
+    """ids [B, T + 1] -> (loss, (step-0, step-1) agreement with the target's argmax), the target
+    run on the batch (a small target; a real one's features come from a FeatureStore)."""
     capture = head.config.capture_layers(target.config.num_layers)
     with torch.no_grad():
         logits, _, features = train_forward(target, ids[:, :-1], capture=capture)  # [B, T, V], [B, T, 3H]
-    g0, tokens1 = features[:, :-2], ids[:, 1:-2]  # pairs q = 0 .. T-3
-    want0, want1 = logits[:, 1:-1], logits[:, 2:]  # the target's distributions for tokens q + 2, q + 3
-    length = g0.shape[1]
-    h0, k0, v0 = _step(head, head.fc(g0), tokens1, torch.arange(1, length + 1), None)
-    h1, _, _ = _step(head, h0, ids[:, 2:-1], torch.arange(2, length + 2), (k0, v0))
-    kept = head.to_target(torch.arange(head.config.draft_vocab_size, device=ids.device))
-    draft_of = torch.full((head.config.vocab_size,), -100, dtype=torch.long, device=ids.device)
-    draft_of[kept] = torch.arange(len(kept), device=ids.device)
+    kept, draft_of = _draft_vocabulary_maps(head, ids.device)
     losses, agree = [], []
-    for h, want in ((h0, want0), (h1, want1)):
+    for h, want in zip(_two_steps(head, features, ids), (logits[:, 1:-1], logits[:, 2:]), strict=True):
         out = head.lm_head(head.norm(h)).float().flatten(0, 1)  # over the draft vocabulary
         teacher = want.float().flatten(0, 1)
         best = teacher.argmax(-1)
@@ -85,6 +90,65 @@ def head_loss(head: Eagle3Head, target, ids: torch.Tensor):
         losses.append(soft + F.cross_entropy(out, draft_of[best], ignore_index=-100))
         agree.append((kept[out.argmax(-1)] == best).float().mean())
     return losses[0] + losses[1], tuple(agree)
+
+
+class TeacherLogits:
+    """A target's logits over a head's draft vocabulary from its last layer's output: its final
+    norm, then its LM head's rows of those tokens (a stored feature row keeps no logits)."""
+
+    def __init__(self, target, head: Eagle3Head):
+        kept = head.to_target(torch.arange(head.config.draft_vocab_size))
+        self.norm, self.scaling = target.model.norm, target.config.logits_scaling
+        self.rows = _lm_head_weight(target)[kept].contiguous()
+
+    def __call__(self, final: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.norm(final) @ self.rows.T / self.scaling
+
+
+def _lm_head_weight(target) -> torch.Tensor:
+    weight = target.lm_head.weight
+    if weight.device.type != "meta":
+        return weight.detach()
+    if target.config.tie_word_embeddings:
+        return target_embedding(target)
+    from specdec.gguf_checkpoint import GgufCheckpoint
+
+    return GgufCheckpoint(Path(target.path)).float_tensor("lm_head.weight")
+
+
+def stored_head_loss(head: Eagle3Head, teacher: TeacherLogits, batch):
+    """As head_loss, from a FeatureBatch: the target's features and its last layer's outputs,
+    whose logits over the draft vocabulary are the teacher (its argmax over those tokens is the
+    hard target, and the agreement reported is with it)."""
+    losses, agree = [], []
+    wants = (batch.final[:, 1:-1], batch.final[:, 2:])
+    for h, want in zip(_two_steps(head, batch.features, batch.ids), wants, strict=True):
+        out = head.lm_head(head.norm(h)).float().flatten(0, 1)
+        target_logits = teacher(want).flatten(0, 1)
+        best = target_logits.argmax(-1)
+        soft = F.kl_div(F.log_softmax(out, -1), F.log_softmax(target_logits, -1), log_target=True, reduction="batchmean")
+        losses.append(soft + F.cross_entropy(out, best))
+        agree.append((out.argmax(-1) == best).float().mean())
+    return losses[0] + losses[1], tuple(agree)
+
+
+def _draft_vocabulary_maps(head: Eagle3Head, device):
+    """(target ids of the draft vocabulary, each target id's draft id or -100)."""
+    kept = head.to_target(torch.arange(head.config.draft_vocab_size, device=device))
+    draft_of = torch.full((head.config.vocab_size,), -100, dtype=torch.long, device=device)
+    draft_of[kept] = torch.arange(len(kept), device=device)
+    return kept, draft_of
+
+
+def _two_steps(head: Eagle3Head, features, ids):
+    """The head's outputs at both trained steps: step 0 from the target's features, step 1 from
+    step 0's own outputs (features [B, T, 3H] of tokens 0 .. T-1, ids [B, T + 1])."""
+    g0, tokens1 = features[:, :-2], ids[:, 1:-2]  # pairs q = 0 .. T-3
+    length = g0.shape[1]
+    h0, k0, v0 = _step(head, head.fc(g0), tokens1, torch.arange(1, length + 1), None)
+    h1, _, _ = _step(head, h0, ids[:, 2:-1], torch.arange(2, length + 2), (k0, v0))
+    return h0, h1
 
 
 def _step(head: Eagle3Head, g, next_tokens, positions, step0_kv):
@@ -124,9 +188,13 @@ def save_head(head: Eagle3Head, raw: dict, out: Path) -> None:
     (out / "config.json").write_text(json.dumps({**raw, "torch_dtype": "bfloat16"}, indent=2) + "\n")
 
 
-def head_loss_fn(target, device: str = "cpu"):
-    """The train() loss for a head: (loss, step-0 agreement) on a batch of rows."""
+def head_loss_fn(target, device: str = "cpu", stored: TeacherLogits | None = None):
+    """The train() loss for a head: (loss, step-0 agreement) on a batch of rows, the target run
+    on each; or, with `stored`, on a FeatureBatch."""
     def loss(head, batch):
-        total, agree = head_loss(head, target, torch.as_tensor(batch, device=device))
+        if stored is not None:
+            total, agree = stored_head_loss(head, stored, batch)
+        else:
+            total, agree = head_loss(head, target, torch.as_tensor(batch, device=device))
         return total, agree[0]
     return loss

@@ -49,7 +49,8 @@ class Mix:
 # lines among the repeats keep the model from copying whenever a line merely starts alike.
 MIXES = {"default": Mix(), "copy": Mix(context=0.4, answer_chunk=0.15, revision=0.35),
          "recall": Mix(recall=0.25), "induct": Mix(recall=0.2, synthetic=0.3),
-         "settle": Mix(recall=0.25, synthetic=0.05)}  # after induct: code again, the circuit kept in use
+         "settle": Mix(recall=0.25, synthetic=0.05),  # after induct: code again, the circuit kept in use
+         "psm": Mix(psm=0.7)}  # a family trained on PSM alone (Qwen2.5-Coder): no SPM samples
 
 
 class SampleMaker:

@@ -1,0 +1,96 @@
+"""A real (GGUF) target's features for EAGLE-3 training: extracted through the native step, kept
+in a resumable store, and a head trained on them as on the live target."""
+
+import random
+
+import pytest
+import torch
+
+from specdec import load_model
+from specdec.training.eagle3 import TeacherLogits, build_head, head_config, head_loss, head_loss_fn, stored_head_loss
+from specdec.training.features import FeatureSettings, FeatureStore, FeatureStoreError, extract, target_row
+from specdec.training.train import TrainSettings, train
+from specdec_kernels import cpu_decode
+from tests.specdec.gguf_files import write_gguf
+from tests.specdec.test_gguf import tiny_transformers_model
+
+pytestmark = pytest.mark.skipif(cpu_decode.library() is None, reason="no C compiler for the native step")
+LENGTH = 24
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("features")
+    model = tiny_transformers_model("qwen2")
+    model.save_pretrained(folder / "hf")  # which names its architecture in its config
+    return load_model(write_gguf(folder / "qwen2.gguf", model))
+
+
+def _rows(count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(300) for _ in range(LENGTH + 1)] for _ in range(count)]
+
+
+def _settings(target, **changes) -> FeatureSettings:
+    capture = build_head(head_config(target.config), target).config.capture_layers(target.config.num_layers)
+    base = dict(target="qwen2.gguf:1", capture=tuple(capture), hidden=target.config.hidden_size, seq_len=LENGTH,
+                seed=0, mix="psm")
+    return FeatureSettings(**{**base, **changes})
+
+
+def test_a_row_holds_the_captured_inputs_and_the_last_layers_output(target):
+    """The three slots are what the eager forward captures; the fourth, through the final norm and
+    the LM head, gives the target's own logits."""
+    ids = _rows(1)[0]
+    capture = _settings(target).capture
+    _, features = target_row(target, ids, capture)
+    hidden = target.config.hidden_size
+    assert features.shape == (LENGTH, 4 * hidden) and features.dtype == torch.bfloat16
+    logits = target.logits(torch.tensor([ids[:-1]]))[0]
+    native, target.native_step = target.native_step, None
+    try:
+        target.capture_layers = capture
+        target.logits(torch.tensor([ids[:-1]]))
+        eager = target.captured
+    finally:
+        target.native_step, target.capture_layers = native, ()
+    assert torch.allclose(features[:, : 3 * hidden].float(), eager, atol=2e-2, rtol=1e-2)
+    final = features[:, 3 * hidden :].float()
+    rebuilt = target.model.norm(final) @ target.lm_head.weight.T
+    assert (rebuilt - logits).abs().max() <= 2e-2 * logits.abs().max()
+    assert (rebuilt.argmax(-1) == logits.argmax(-1)).float().mean() >= 0.9
+
+
+def test_the_store_resumes_whole_shards_and_refuses_other_settings(target, tmp_path):
+    rows = _rows(40)
+    store = FeatureStore.open(tmp_path / "store", _settings(target))
+    assert extract(target, rows.__getitem__, store, 10)  # rounded up to whole shards
+    assert store.rows == 16 and len(store.shards) == 1
+    first = (tmp_path / "store" / store.shards[0]).read_bytes()
+    (tmp_path / "store" / ".shard-00001.safetensors.partial").write_bytes(b"a killed run's half shard")
+    again = FeatureStore.open(tmp_path / "store", _settings(target))
+    assert extract(target, rows.__getitem__, again, 32) and again.rows == 32
+    assert (tmp_path / "store" / again.shards[0]).read_bytes() == first  # what was written stays
+    assert torch.equal(FeatureStore.open(tmp_path / "store").row_ids(20), torch.tensor(rows[20]))
+    with pytest.raises(FeatureStoreError, match="other settings"):
+        FeatureStore.open(tmp_path / "store", _settings(target, seq_len=LENGTH * 2))
+    with pytest.raises(FeatureStoreError, match="no feature store"):
+        FeatureStore.open(tmp_path / "elsewhere")
+
+
+def test_a_head_trains_on_stored_features_as_on_the_live_target(target, tmp_path):
+    store = FeatureStore.open(tmp_path / "store", _settings(target))
+    extract(target, _rows(16).__getitem__, store, 16)
+    raw = head_config(target.config, draft_vocab=target.config.vocab_size)  # every token: the live loss's terms
+    head = build_head(raw, target)
+    head.d2t.zero_()
+    teacher = TeacherLogits(target, head)
+    batch = store.batch(0, 2)
+    stored, (agree0, _) = stored_head_loss(head, teacher, batch)
+    live, (live0, _) = head_loss(head, target, batch.ids)
+    assert abs(stored.item() - live.item()) <= 0.02 * live.item()
+    assert abs(float(agree0) - float(live0)) <= 0.1
+    settings = TrainSettings(tokens=30 * 2 * LENGTH, batch_size=2, seq_len=LENGTH, lr=3e-3, warmup_steps=2)
+    assert train(head, lambda step: store.batch(step % 4, 2), settings, tmp_path / "head",
+                 loss_fn=head_loss_fn(None, stored=teacher))
+    assert stored_head_loss(head, teacher, batch)[0].item() < 0.8 * stored.item()
