@@ -157,6 +157,17 @@ class Eagle3Head(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
 
+def target_embedding(target) -> torch.Tensor:
+    """The target's token embedding as floats; a packed target's is read from its GGUF file
+    (its own stays in 8-bit blocks, which only the native step reads)."""
+    weight = target.model.embed_tokens.weight
+    if weight.device.type != "meta":
+        return weight.detach()
+    from specdec.gguf_checkpoint import GgufCheckpoint
+
+    return GgufCheckpoint(Path(target.path)).float_tensor("model.embed_tokens.weight")
+
+
 def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
     """An EAGLE-3 head directory; the target's embedding is used when the head has none."""
     path = Path(path)
@@ -170,7 +181,7 @@ def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
     if "embed_tokens.weight" not in tensors:
         if target is None:
             raise ConfigError(f"{path}: the head has no embed_tokens; load it with its target")
-        tensors["embed_tokens.weight"] = target.model.embed_tokens.weight.detach()
+        tensors["embed_tokens.weight"] = target_embedding(target)
     if "d2t" not in tensors:
         tensors["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
     head = Eagle3Head(config)

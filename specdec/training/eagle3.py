@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from specdec.eagle import ARCHITECTURE, Eagle3Config, Eagle3Head
+from specdec.eagle import ARCHITECTURE, Eagle3Config, Eagle3Head, target_embedding
 from specdec.ops import apply_rope, rope_cos_sin
 from specdec.training.recipe import train_forward
 
@@ -36,17 +36,6 @@ def head_config(target_config, aux_layer_ids=None, draft_vocab: int = DRAFT_VOCA
             "rms_norm_eps": target_config.rms_norm_eps, "rope_theta": target_config.rope_theta,
             "tie_word_embeddings": False, "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(ids)[:3]
                                                              + [ids[-1]] * (3 - len(ids))}}
-
-
-def target_embedding(target) -> torch.Tensor:
-    """The target's token embedding as floats; a packed target's is read from its GGUF file
-    (its own stays in 8-bit blocks)."""
-    weight = target.model.embed_tokens.weight
-    if weight.device.type != "meta":
-        return weight.detach()
-    from specdec.gguf_checkpoint import GgufCheckpoint
-
-    return GgufCheckpoint(Path(target.path)).float_tensor("model.embed_tokens.weight")
 
 
 def build_head(raw: dict, target, seed: int = 0) -> Eagle3Head:

@@ -5,9 +5,19 @@ import random
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 
-from specdec import load_model
-from specdec.training.eagle3 import TeacherLogits, build_head, head_config, head_loss, head_loss_fn, stored_head_loss
+from specdec import Engine, load_model
+from specdec.eagle import load_eagle3
+from specdec.training.eagle3 import (
+    TeacherLogits,
+    build_head,
+    head_config,
+    head_loss,
+    head_loss_fn,
+    save_head,
+    stored_head_loss,
+)
 from specdec.training.features import FeatureSettings, FeatureStore, FeatureStoreError, extract, target_row
 from specdec.training.train import TrainSettings, train
 from specdec_kernels import cpu_decode
@@ -19,11 +29,16 @@ LENGTH = 24
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory):
+def gguf_file(tmp_path_factory):
     folder = tmp_path_factory.mktemp("features")
     model = tiny_transformers_model("qwen2")
     model.save_pretrained(folder / "hf")  # which names its architecture in its config
-    return load_model(write_gguf(folder / "qwen2.gguf", model))
+    return write_gguf(folder / "qwen2.gguf", model, GGMLQuantizationType.Q8_0)
+
+
+@pytest.fixture(scope="module")
+def target(gguf_file):
+    return load_model(gguf_file)
 
 
 def _rows(count: int, seed: int = 0) -> list[list[int]]:
@@ -94,3 +109,16 @@ def test_a_head_trains_on_stored_features_as_on_the_live_target(target, tmp_path
     assert train(head, lambda step: store.batch(step % 4, 2), settings, tmp_path / "head",
                  loss_fn=head_loss_fn(None, stored=teacher))
     assert stored_head_loss(head, teacher, batch)[0].item() < 0.8 * stored.item()
+
+
+def test_a_head_for_a_packed_target_takes_its_embedding_from_the_file_and_drafts_losslessly(gguf_file, target,
+                                                                                              tmp_path):
+    packed = load_model(gguf_file, packed=True)
+    raw = head_config(packed.config, draft_vocab=64)
+    save_head(build_head(raw, packed), raw, tmp_path / "head")
+    head = load_eagle3(tmp_path / "head", packed)
+    assert torch.equal(head.embed_tokens.weight, target.model.embed_tokens.weight)  # the file's, dequantized
+    engine = Engine(packed, head=head, adaptive=False, warm_up=False)
+    prompt = "abc abc\nabc ab"
+    reference = engine.complete(prompt, "", strategy="ar", max_tokens=8, mode="multi").tokens
+    assert engine.complete(prompt, "", strategy="draft", max_tokens=8, mode="multi").tokens == reference
