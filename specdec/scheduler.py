@@ -301,6 +301,9 @@ class Scheduler:
         """Cancelled requests finish; finished ones leave, giving their caches (full or partly
         prefilled) back to the prompt cache."""
         now = time.perf_counter()
+        # A strict deadline is decided a plain step early: a step that would end past it delays the
+        # answer beyond the budget for tokens the client asked not to wait for.
+        step_s = self.engine.verify_cost(1) / 1000 if self.engine.verify_cost is not None else 0.0
         with self.lock:
             queues = (self.prefilling, self.active)
             for queue in queues:
@@ -309,7 +312,7 @@ class Scheduler:
                         continue
                     if g.cancel_reason is not None:
                         g.finish(g.cancel_reason)
-                    elif g.past_deadline(now):  # also those waiting for a decoding slot
+                    elif g.past_deadline(now + step_s):  # also those waiting for a decoding slot
                         g.finish("time")
             gone = [g for queue in queues for g in queue if g.is_finished]
             if gone:  # most steps finish nothing: the lists stay as they are

@@ -64,6 +64,19 @@ def test_a_strict_budget_ends_the_completion_with_what_it_has(tiny_models):
     assert cut.stats.decode_ms < 40 + 200  # at most the step that crossed the deadline after it
 
 
+def test_a_step_that_would_end_past_a_strict_deadline_is_not_started(tiny_models):
+    """With steps measured at 10 s, a 5 s budget ends the completion before its first step."""
+    engine = _engine(tiny_models)
+    engine.warm_up()
+    measured = engine.verify_cost
+    engine.verify_cost = lambda nodes, riding=0: 10_000.0
+    try:
+        result = engine.complete("a = 1\n", "", max_tokens=300, mode="multi", time_budget_ms=5000)
+    finally:
+        engine.verify_cost = measured
+    assert result.stats.stop_reason == "time" and result.stats.decode_ms < 1000
+
+
 def test_a_request_that_would_wait_past_its_budget_is_answered_at_once(tiny_models):
     engine = _engine(tiny_models)
     scheduler = engine.scheduler
