@@ -264,7 +264,7 @@ static void attend_rows(AttendRow *rows, int R, const float *keys, const float *
                     rows[r].scores, rows[r].out);
 }
 
-int64_t specdec_abi_version(void) { return 7; }
+int64_t specdec_abi_version(void) { return 8; }
 
 /* Whether products read a matrix's bf16 copy (the vector build), so the binding makes one. */
 int64_t specdec_reads_bf16(void) {
@@ -273,6 +273,22 @@ int64_t specdec_reads_bf16(void) {
 #else
     return 0;
 #endif
+}
+
+/* Runs the build's own vector code on a few numbers and checks them: 0 where this CPU executes
+ * it. The binding calls it in a forked child before it uses a build made for wider vectors than
+ * the baseline (an instruction the CPU refuses kills the child, not the server). */
+int specdec_build_probe(void) {
+#if defined(__AVX2__) && defined(__FMA__)
+    float x[8], out[8];
+    for (int i = 0; i < 8; i++) x[i] = -4.0f + (float)i;
+    _mm256_storeu_ps(out, exp8(_mm256_loadu_ps(x)));
+    for (int i = 0; i < 8; i++)
+        if (fabsf(out[i] - expf(x[i])) > 1e-3f * expf(x[i])) return 1;
+#endif
+    float a[64], b[64], expected = 0.0f;
+    for (int i = 0; i < 64; i++) a[i] = 0.25f * (float)i, b[i] = 1.0f - 0.01f * (float)i, expected += a[i] * b[i];
+    return fabsf(dot(a, b, 64) - expected) <= 1e-3f * fabsf(expected) ? 0 : 1;
 }
 
 #include "cpu_decode_experts.h" /* routing and the experts' products */

@@ -1,11 +1,16 @@
 """The native CPU step (cpu_decode.c): built on first use with the system's C compiler,
 cached on disk, called through ctypes.
 
-The library is compiled for the machine it runs on (-march=native) and cached under a name
-that hashes the source, the flags, the compiler and the CPU's feature flags, so a shared cache
-directory never hands one machine another's build. It links the OpenMP runtime PyTorch has
-already loaded (libgomp.so.1), so its parallel regions use torch's threads and thread count.
-Where no compiler is found, or the build fails, `library()` says why and callers stay eager.
+Never for the build machine's own CPU (-march=native): the machines a cache or an image moves
+between differ (one lists AMX and refuses it, another has no AVX-512), so the choice is made at
+run time. Two builds, tried in order: "avx2" (AVX2, FMA, F16C: the vector products and attention
+of cpu_decode_vector.h) and "baseline" (the compiler's default x86-64 or other target). A build
+is used only after its probe ran in a forked child and matched; the packed matrices' kernels
+(AVX-512 VNNI, AVX2, portable) are chosen the same way inside whichever build loaded.
+SPECDEC_NATIVE_BUILD names one build. Each is cached under a name that hashes the source, its
+flags and the compiler. It links the OpenMP runtime PyTorch has already loaded (libgomp.so.1), so
+its parallel regions use torch's threads and thread count. Where no compiler is found, or no
+build loads, `library()` says why and callers stay eager.
 """
 
 import ctypes
@@ -24,11 +29,12 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 HEADERS = [Path(__file__).with_name(name)  # included by SOURCE
            for name in ("cpu_decode_vector.h", "cpu_decode_experts.h", "cpu_prefill_attention.h", "cpu_quant.h")]
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
+BUILDS = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "baseline": []}  # widest first
 # glibc's vector math (libmvec) for the exponentials of the portable attention loop (the AVX2
 # passes use their own inline exp); a C library without it builds with scalar expf instead.
 VECTOR_MATH, NO_VECTOR_MATH = ["-lmvec"], ["-DSPECDEC_NO_MVEC"]
-ABI_VERSION = 7
+ABI_VERSION = 8
 MAX_EXPERTS, MAX_TOP_K = 256, 64  # the C step's fixed routing buffers
 
 
@@ -104,35 +110,63 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "specdec" / "native"
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
-
-
-def _build(compiler: str) -> Path:
+def _build(compiler: str, build: str) -> Path:
+    flags = FLAGS + BUILDS[build]
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     sources = [path.read_text() for path in (SOURCE, *HEADERS)]
-    key = hashlib.sha256("\n".join([*sources, " ".join(FLAGS), version, _cpu_flags()]).encode()).hexdigest()
-    target = cache_dir() / f"cpu_decode-{key[:16]}.so"
+    key = hashlib.sha256("\n".join([*sources, " ".join(flags), version]).encode()).hexdigest()
+    target = cache_dir() / f"cpu_decode-{build}-{key[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / target.name
         for extra in (VECTOR_MATH, NO_VECTOR_MATH):
-            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm", *extra],
+            done = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built), "-lm", *extra],
                                   capture_output=True, text=True)
             if done.returncode == 0:
                 break
         if done.returncode:
-            raise RuntimeError(f"{compiler} failed: {done.stderr[-1500:]}")
+            raise RuntimeError(f"{compiler} failed for the {build} build: {done.stderr[-1500:]}")
         os.replace(built, target)  # atomic: a concurrent build lands the same bytes
     return target
+
+
+def _runs_in_child(call) -> bool:
+    """Whether call() returns 0 in a forked child: an instruction this CPU (or its hypervisor)
+    refuses kills the child, not this process."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            status = call()
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _load(compiler: str) -> tuple[ctypes.CDLL, str]:
+    """The widest build this CPU runs, and its name."""
+    wanted = os.environ.get("SPECDEC_NATIVE_BUILD")
+    if wanted and wanted not in BUILDS:
+        raise RuntimeError(f"SPECDEC_NATIVE_BUILD={wanted}: expected one of {', '.join(BUILDS)}")
+    refused = []
+    for build in BUILDS:
+        if wanted and build != wanted:
+            continue
+        try:
+            lib = ctypes.CDLL(str(_build(compiler, build)))
+        except (OSError, RuntimeError) as error:
+            refused.append(f"{build}: {error}")
+            continue
+        if lib.specdec_abi_version() != ABI_VERSION:
+            raise RuntimeError("stale build of cpu_decode.c")
+        lib.specdec_build_probe.restype = ctypes.c_int
+        if build == "baseline" or _runs_in_child(lib.specdec_build_probe):
+            return lib, build
+        refused.append(f"{build}: its probe failed on this CPU")
+    raise RuntimeError("no build of cpu_decode.c runs here (" + "; ".join(refused) + ")")
 
 
 _LIBRARY: list = []  # [ctypes.CDLL or None], filled once
@@ -141,20 +175,12 @@ _WHY_NOT: list = []
 # passes in a child process is used. SPECDEC_QKERNEL names one (the tests compare them).
 QKERNELS = {"avx512_vnni": 2, "avx2": 1, "portable": 0}
 _QKERNEL: list = []
+_BUILD: list = []
 
 
 def _probe_in_child(lib, code: int) -> bool:
-    """Whether kernel `code` runs and matches the portable one, tried in a forked child: an
-    instruction this CPU (or its hypervisor) refuses kills the child, not this process."""
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            status = lib.specdec_qkernel_probe(code)
-        finally:
-            os._exit(status)
-    _, status = os.waitpid(pid, 0)
-    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    """Whether kernel `code` runs and matches the portable one, tried in a forked child."""
+    return _runs_in_child(lambda: lib.specdec_qkernel_probe(code))
 
 
 def _choose_qkernel(lib) -> str:
@@ -178,6 +204,11 @@ def qkernel() -> str | None:
     return _QKERNEL[0] if _QKERNEL else None
 
 
+def build() -> str | None:
+    """The build in use ("avx2" or "baseline"), or None without the library."""
+    return _BUILD[0] if _BUILD else None
+
+
 def library() -> ctypes.CDLL | None:
     """The built library, or None (why_not() says why); built once per process."""
     if _LIBRARY:
@@ -187,9 +218,8 @@ def library() -> ctypes.CDLL | None:
     try:
         if compiler is None:
             raise RuntimeError("no C compiler (gcc or cc) on PATH")
-        lib = ctypes.CDLL(str(_build(compiler)))
-        if lib.specdec_abi_version() != ABI_VERSION:
-            raise RuntimeError("stale build of cpu_decode.c")
+        lib, name = _load(compiler)
+        _BUILD.append(name)
         lib.specdec_reads_bf16.restype = ctypes.c_int64
         lib.specdec_forward.restype = ctypes.c_int
         lib.specdec_forward.argtypes = [ctypes.POINTER(Model), ctypes.c_int64, ctypes.POINTER(Seq), ctypes.c_int64,

@@ -127,6 +127,33 @@ def test_without_a_compiler_models_decode_eagerly(tiny_models, tmp_path):
     assert "no-such-compiler" in done.stdout and "decoding eagerly" in done.stderr
 
 
+def test_each_build_runs_where_its_probe_passes_and_both_give_the_eager_tokens(tiny_models, tmp_path):
+    """No -march=native: the avx2 build where the CPU runs it (else the baseline one), and
+    SPECDEC_NATIVE_BUILD forces one; each decodes the same greedy tokens as the eager step."""
+    script = ("import sys, torch; from specdec import load_model, Segment; from specdec_kernels import cpu_decode\n"
+              f"m = load_model({str(tiny_models[0])!r})\n"
+              "ids = [5, 77, 12, 9]\n"
+              "for use in ('native', 'eager'):\n"
+              "    c = m.new_cache()\n"
+              "    if use == 'eager': m.native_step = None\n"
+              "    out = m(torch.tensor(ids), torch.arange(4), [Segment(c, 4)])\n"
+              "    print(use, out.argmax(-1).tolist())\n"
+              "print('build', cpu_decode.build())\n")
+    outputs = {}
+    for build in ("avx2", "baseline"):
+        env = {**os.environ, "SPECDEC_NATIVE_BUILD": build, "SPECDEC_NATIVE_CACHE": str(tmp_path / "cache")}
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                              cwd=Path(__file__).resolve().parents[2])
+        assert done.returncode == 0, done.stderr
+        lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+        outputs[build] = lines
+        if lines["build"] == "None":  # the avx2 build refused by this CPU: said so, decoded eagerly
+            assert build == "avx2" and "probe failed" in done.stderr
+            continue
+        assert lines["build"] == build and lines["native"] == lines["eager"]
+    assert sorted(path.name.split("-")[1] for path in (tmp_path / "cache").glob("*.so")) == ["avx2", "baseline"]
+
+
 def test_the_shipped_models_decode_natively_with_the_eager_tokens():
     """ar through the engine, native against eager, on the shipped target and draft."""
     engine = Engine.from_pretrained()
