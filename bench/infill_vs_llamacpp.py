@@ -1,10 +1,11 @@
 """/infill through our server against llama.cpp's llama-server, same bodies, one client, warm.
 
-    python bench/infill_vs_llamacpp.py --repo REPO --llamacpp LLAMA_CPP_DIR [--points 30]
-                                       [--quantize none|int8] [--threads 2] [--out FILE]
+    python bench/infill_vs_llamacpp.py --repo REPO --llamacpp LLAMA_CPP_DIR [--gguf FILE] [--points 30]
+                                       [--quantize auto|none|int8|blocks] [--threads 2] [--out FILE]
 
-Both servers serve the shipped target (llama-server from the GGUF f32 that bench_decode.py
-converts). Each body (a cursor at a line start of one of REPO's Python files: the text before it
+Both servers serve the same GGUF file: --gguf, by default the pulled default model (ours packs it
+in 8-bit blocks, as it serves by default), or, with --embedded, the shipped target (llama-server
+from the GGUF f32 that bench_decode.py converts). Each body (a cursor at a line start of one of REPO's Python files: the text before it
 and after it) is sent twice to each server, alternating between them. The second answer is the
 warm one, with its prompt cached, and it is the one counted. Reported per server: the median of
 predicted_ms / predicted_n (ms per generated token, as each server's own timings give it) and of
@@ -30,6 +31,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_decode import LlamaBench  # noqa: E402
 from specdec import default_model_dir  # noqa: E402
+from specdec.model_cache import default_target  # noqa: E402
 
 PREFIX_CHARS, SUFFIX_CHARS = 3000, 1000
 
@@ -76,16 +78,24 @@ def main(argv=None) -> int:
     p.add_argument("--repo", type=Path, required=True)
     p.add_argument("--llamacpp", type=Path, required=True)
     p.add_argument("--points", type=int, default=30)
-    p.add_argument("--quantize", default="none")
+    p.add_argument("--gguf", type=Path, help="default: the pulled default model")
+    p.add_argument("--embedded", action="store_true", help="the shipped embedded target instead of a GGUF file")
+    p.add_argument("--quantize", default="auto")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     requests = bodies(args.repo, args.points)
     with tempfile.TemporaryDirectory() as tmp:
-        gguf = LlamaBench(args.llamacpp, default_model_dir(), args.threads, Path(tmp)).gguf
+        if args.embedded:
+            gguf = LlamaBench(args.llamacpp, default_model_dir(), args.threads, Path(tmp)).gguf
+            ours = default_model_dir() / "target"
+        else:
+            gguf = ours = args.gguf or default_target()[1]
+            if gguf is None:
+                raise SystemExit("no --gguf, and the default model is not pulled (specdec models pull)")
         servers = {
-            "ours": ([str(Path(sys.executable).parent / "specdec"), "serve", "--port", "8191", "--quantize", args.quantize],
-                     "http://127.0.0.1:8191"),
+            "ours": ([str(Path(sys.executable).parent / "specdec"), "serve", "--port", "8191", "--quantize", args.quantize,
+                      "--target", str(ours)], "http://127.0.0.1:8191"),
             "llama.cpp": ([str(args.llamacpp.resolve() / "build" / "bin" / "llama-server"), "-m", str(gguf), "-t",
                            str(args.threads), "-c", "4096", "--port", "8192"], "http://127.0.0.1:8192"),
         }
@@ -104,7 +114,8 @@ def main(argv=None) -> int:
             for proc in procs.values():
                 proc.terminate()
                 proc.wait(timeout=30)
-    report = {"points": len(requests), "quantize": args.quantize, "threads": args.threads,
+    report = {"command": " ".join(sys.argv), "gguf": str(gguf), "points": len(requests), "quantize": args.quantize,
+              "threads": args.threads,
               **{name: {"ms_per_token_median": round(statistics.median(s[0] for s in rows), 3),
                         "wall_ms_median": round(statistics.median(s[1] for s in rows), 1),
                         "tokens_median": statistics.median(s[2] for s in rows)}
