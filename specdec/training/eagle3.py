@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
+from torch.utils.checkpoint import checkpoint
 
 from specdec.eagle import ARCHITECTURE, Eagle3Config, Eagle3Head, target_embedding
 from specdec.ops import apply_rope, rope_cos_sin
@@ -106,20 +107,38 @@ def _lm_head_weight(target) -> torch.Tensor:
     return GgufCheckpoint(Path(target.path)).float_tensor("lm_head.weight")
 
 
+LOSS_CHUNK = 128  # tokens whose draft-vocabulary logits exist at once (see stored_head_loss)
+
+
 def stored_head_loss(head: Eagle3Head, teacher: TeacherLogits, batch):
     """As head_loss, from a FeatureBatch: the target's features and its last layer's outputs,
     whose logits over the draft vocabulary are the teacher (its argmax over those tokens is the
-    hard target, and the agreement reported is with it)."""
+    hard target, and the agreement reported is with it).
+
+    The logits are made LOSS_CHUNK tokens at a time and made again in the backward pass
+    (checkpointed): for 2,048 tokens and a 32k vocabulary, whole they are tensors of 268 MB,
+    which the allocator maps and unmaps at every step, and the page faults cost most of a step."""
     losses, agree = [], []
     wants = (batch.final[:, 1:-1], batch.final[:, 2:])
     for h, want in zip(_two_steps(head, batch.features, batch.ids), wants, strict=True):
-        out = head.lm_head(head.norm(h)).float().flatten(0, 1)
-        target_logits = teacher(want).flatten(0, 1)
-        best = target_logits.argmax(-1)
-        soft = F.kl_div(F.log_softmax(out, -1), F.log_softmax(target_logits, -1), log_target=True, reduction="batchmean")
-        losses.append(soft + F.cross_entropy(out, best))
-        agree.append((out.argmax(-1) == best).float().mean())
+        h, want = h.flatten(0, 1), want.flatten(0, 1)
+        total, hits = h.new_zeros(()), 0
+        for start in range(0, len(h), LOSS_CHUNK):
+            part = slice(start, start + LOSS_CHUNK)
+            loss, agreed = checkpoint(_distilled, head, teacher, h[part], want[part], use_reentrant=False)
+            total, hits = total + loss, hits + agreed
+        losses.append(total / len(h))
+        agree.append(hits / len(h))
     return losses[0] + losses[1], tuple(agree)
+
+
+def _distilled(head: Eagle3Head, teacher: TeacherLogits, h, want):
+    """(summed KL to the teacher plus cross-entropy on its argmax, agreeing tokens) of some tokens."""
+    out = head.lm_head(head.norm(h)).float()
+    target_logits = teacher(want)
+    best = target_logits.argmax(-1)
+    soft = F.kl_div(F.log_softmax(out, -1), F.log_softmax(target_logits, -1), log_target=True, reduction="sum")
+    return soft + F.cross_entropy(out, best, reduction="sum"), (out.argmax(-1) == best).sum().float()
 
 
 def _draft_vocabulary_maps(head: Eagle3Head, device):
