@@ -157,15 +157,17 @@ class Eagle3Head(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
 
-def target_embedding(target) -> torch.Tensor:
-    """The target's token embedding as floats; a packed target's is read from its GGUF file
-    (its own stays in 8-bit blocks, which only the native step reads)."""
-    weight = target.model.embed_tokens.weight
+def target_weight(target, name: str) -> torch.Tensor:
+    """A target's parameter by name (the embedding, the LM head) as floats; a packed target's is
+    read from its GGUF file (its own stays in 8-bit blocks, which only the native step reads)."""
+    if name == "lm_head.weight" and target.config.tie_word_embeddings:
+        name = "model.embed_tokens.weight"  # a tied file stores the embedding alone
+    weight = target.get_parameter(name)
     if weight.device.type != "meta":
         return weight.detach()
     from specdec.gguf_checkpoint import GgufCheckpoint
 
-    return GgufCheckpoint(Path(target.path)).float_tensor("model.embed_tokens.weight")
+    return GgufCheckpoint(Path(target.path)).float_tensor(name)
 
 
 def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
@@ -181,7 +183,7 @@ def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
     if "embed_tokens.weight" not in tensors:
         if target is None:
             raise ConfigError(f"{path}: the head has no embed_tokens; load it with its target")
-        tensors["embed_tokens.weight"] = target_embedding(target)
+        tensors["embed_tokens.weight"] = target_weight(target, "model.embed_tokens.weight")
     if "d2t" not in tensors:
         tensors["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
     head = Eagle3Head(config)

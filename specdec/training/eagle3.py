@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch.utils.checkpoint import checkpoint
 
-from specdec.eagle import ARCHITECTURE, Eagle3Config, Eagle3Head, target_embedding
+from specdec.eagle import ARCHITECTURE, Eagle3Config, Eagle3Head, target_weight
 from specdec.ops import apply_rope, rope_cos_sin
 from specdec.training.recipe import train_forward
 
@@ -48,7 +48,7 @@ def build_head(raw: dict, target, seed: int = 0) -> Eagle3Head:
                 p.fill_(1.0)
             elif name != "embed_tokens.weight":
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-        head.embed_tokens.weight.copy_(target_embedding(target))
+        head.embed_tokens.weight.copy_(target_weight(target, "model.embed_tokens.weight"))
     head.embed_tokens.weight.requires_grad_(False)  # the target's, as at inference
     return head
 
@@ -89,22 +89,11 @@ class TeacherLogits:
     def __init__(self, target, head: Eagle3Head):
         kept = head.to_target(torch.arange(head.config.draft_vocab_size))
         self.norm, self.scaling = target.model.norm, target.config.logits_scaling
-        self.rows = _lm_head_weight(target)[kept].contiguous()
+        self.rows = target_weight(target, "lm_head.weight")[kept].contiguous()
 
     def __call__(self, final: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return self.norm(final) @ self.rows.T / self.scaling
-
-
-def _lm_head_weight(target) -> torch.Tensor:
-    weight = target.lm_head.weight
-    if weight.device.type != "meta":
-        return weight.detach()
-    if target.config.tie_word_embeddings:
-        return target_embedding(target)
-    from specdec.gguf_checkpoint import GgufCheckpoint
-
-    return GgufCheckpoint(Path(target.path)).float_tensor("lm_head.weight")
 
 
 LOSS_CHUNK = 128  # tokens whose draft-vocabulary logits exist at once (see stored_head_loss)
