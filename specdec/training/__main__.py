@@ -131,14 +131,14 @@ def main(argv=None) -> int:
 
 def _extract_features(args) -> int:
     """The teacher's features over the corpus recipe's rows, into runs/NAME (default features)."""
-    from specdec.training.features import FeatureSettings, FeatureStore, extract
+    from specdec.training.features import FeatureSettings, FeatureStore, extract, target_identity
 
     if not args.teacher:
         raise SystemExit("features: --teacher FILE.gguf (or a model directory) is required")
     teacher = load_model(args.teacher, packed=_packs(args.teacher)).train(False)
     capture = Eagle3Config.from_dict(head_config(teacher.config)).capture_layers(teacher.config.num_layers)
     mix = args.mix if args.mix != "default" else "psm"
-    settings = FeatureSettings(target=f"{args.teacher.name}:{args.teacher.stat().st_size}", capture=tuple(capture),
+    settings = FeatureSettings(target=target_identity(args.teacher), capture=tuple(capture),
                                hidden=teacher.config.hidden_size, seq_len=args.seq_len, seed=args.seed, mix=mix)
     store = FeatureStore.open(args.runs / (args.name or "features"), settings)
     args.mix = mix
@@ -152,13 +152,13 @@ def _extract_features(args) -> int:
 def _train_head_on_features(args) -> int:
     """An EAGLE-3 head for --teacher trained on a feature store: the teacher is only read for its
     config and embedding."""
-    from specdec.training.features import FeatureStore
+    from specdec.training.features import FeatureStore, target_identity
 
     if not args.teacher:
         raise SystemExit("head --features: --teacher (the features' target) is required")
     store = FeatureStore.open(args.features)
     teacher = load_model(args.teacher, packed=_packs(args.teacher)).train(False)
-    expected = f"{args.teacher.name}:{args.teacher.stat().st_size}"
+    expected = target_identity(args.teacher)
     if store.settings.target != expected:
         raise SystemExit(f"{args.features} holds the features of {store.settings.target}, not of {expected}")
     raw = head_config(teacher.config, draft_vocab=args.draft_vocab)

@@ -54,6 +54,11 @@ class FeatureSettings:
     mix: str  # the corpus recipe's sample mix
 
 
+def target_identity(path: Path) -> str:
+    """FeatureSettings.target for a target file: its name and size."""
+    return f"{path.name}:{path.stat().st_size}"
+
+
 @dataclass(frozen=True)
 class FeatureBatch:
     ids: torch.Tensor  # int64 [B, T + 1]
