@@ -13,6 +13,9 @@ def _model_arguments(parser, repo_help: str) -> None:
 
     parser.add_argument("--repo", type=Path, help=repo_help)
     add_model_arguments(parser)
+    parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                        help="do not compute, while idle, the completion that would follow accepting the one "
+                             "just returned (requests may also say so: \"prefetch\": false)")
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class ServeCommand:
 
         settings = Settings.from_env(host=args.host, port=args.port, api_key=args.api_key, repo=args.repo,
                                      target=args.target, draft=args.draft, fim_mode=args.fim_mode,
-                                     quantize=args.quantize)
+                                     quantize=args.quantize, prefetch=args.prefetch)
         if not args.expert_parallel:
             # A FIM order the target's family lacks, or a quantization its device lacks, is
             # refused here, as a CLI error, not in startup.
@@ -89,7 +92,7 @@ class LspCommand:
         if args.tcp and not args.tcp.rpartition(":")[2].isdigit():
             raise ValueError(f"--tcp {args.tcp!r}: expected HOST:PORT")
         engine = Engine.from_pretrained(args.target, args.draft, repo=args.repo, fim_mode=args.fim_mode,
-                                        quantize=args.quantize)
+                                        quantize=args.quantize, prefetch=args.prefetch)
         return run(engine, args.repo, args.tcp)
 
 

@@ -35,6 +35,7 @@ class LspSettings:
     time_budget_ms: float | None = 1000.0
     target: str | None = None  # model directories; None: those the server was started with
     draft: str | None = None
+    prefetch: bool = True  # compute the completion after an accept while the suggestion is shown
 
     def updated(self, values) -> "LspSettings":
         values = (values or {}).get("specdec", values or {}) if isinstance(values, dict) else {}
@@ -45,6 +46,8 @@ class LspSettings:
             changes["max_tokens"] = values["maxTokens"]
         if isinstance(values.get("timeBudgetMs"), (int, float)) and values["timeBudgetMs"] > 0:
             changes["time_budget_ms"] = float(values["timeBudgetMs"])
+        if isinstance(values.get("prefetch"), bool):
+            changes["prefetch"] = values["prefetch"]
         for name in ("target", "draft"):
             if isinstance(values.get(name), str) and values[name]:
                 changes[name] = values[name]
@@ -146,7 +149,8 @@ async def _complete(ls: CompletionServer, params: types.InlineCompletionParams):
         prefix = source[: document.offset_at_position(selected.range.start)] + selected.text
     options = CompletionOptions(prefix, suffix, max_tokens=ls.settings.max_tokens * (2 if invoked else 1),
                                 strategy=ls.settings.strategy, mode="auto", path=ls.relative(uri), document=uri,
-                                time_budget_ms=ls.settings.time_budget_ms, time_budget_after_newline=True)
+                                time_budget_ms=ls.settings.time_budget_ms, time_budget_after_newline=True,
+                                prefetch=ls.settings.prefetch)
     handle = ls.engine.submit(options)
     try:
         result = await handle.wait()

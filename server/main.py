@@ -51,6 +51,7 @@ def create_app(settings: Settings, engine=None) -> FastAPI:
         if state.engine is None:
             state.engine = load_engine(settings)
         state.engine.set_limits(max_batch=settings.max_batch, max_queue=settings.max_queue)
+        state.engine.set_prefetch(settings.prefetch)
         state.bridge = EngineBridge(state.engine, state.metrics)  # warms the engine up and starts its loop
         if settings.repo is not None and state.engine.index is None:
             threading.Thread(target=_build_index, args=(state,), daemon=True, name="index-build").start()

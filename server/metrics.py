@@ -77,8 +77,21 @@ class Metrics:
                       "# TYPE specdec_queue_depth gauge", f"specdec_queue_depth {queue_depth}",
                       "# TYPE specdec_prompt_cache_entries gauge", f"specdec_prompt_cache_entries {prompt_cache[0]}",
                       "# TYPE specdec_prompt_cache_bytes gauge", f"specdec_prompt_cache_bytes {prompt_cache[1]}",
+                      *_prefetch_lines(engine.prefetch),
                       "# TYPE specdec_expert_tokens_total counter"]
             for layer, row in enumerate(expert_load):
                 for expert, n in enumerate(row):
                     lines.append(f'specdec_expert_tokens_total{{layer="{layer}",expert="{expert}"}} {int(n)}')
             return "\n".join(lines) + "\n"
+
+
+def _prefetch_lines(counts) -> list:
+    """Prefetch jobs by outcome, their CPU seconds, and the share of those spent on jobs never used."""
+    lines = ["# TYPE specdec_prefetch_total counter"]
+    lines += [f'specdec_prefetch_total{{outcome="{name}"}} {getattr(counts, name)}'
+              for name in ("started", "served", "joined", "wasted")]
+    return lines + ["# TYPE specdec_prefetch_cpu_seconds_total counter",
+                    f'specdec_prefetch_cpu_seconds_total{{use="all"}} {counts.cpu_s:.3f}',
+                    f'specdec_prefetch_cpu_seconds_total{{use="wasted"}} {counts.wasted_cpu_s:.3f}',
+                    "# TYPE specdec_prefetch_wasted_cpu_share gauge",
+                    f"specdec_prefetch_wasted_cpu_share {counts.wasted_share:.4f}"]

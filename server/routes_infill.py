@@ -15,7 +15,7 @@ STOP_TYPES = {"eos": "eos", "newline": "eos", "dedent": "eos", "suffix": "eos", 
               "word": "word"}
 SPECULATION_FIELDS = ("target_passes", "generated_tokens", "tau", "accepted_by_source", "prefill_tokens",
                       "cached_tokens", "prefill_ms", "decode_ms", "total_ms", "stop_reason", "context_chunks",
-                      "context_tokens", "retrieval_ms", "tree_nodes", "experts_woken", "tokens_cap", "expected_wait_ms")
+                      "context_tokens", "retrieval_ms", "tree_nodes", "experts_woken", "tokens_cap", "expected_wait_ms", "prefetched")
 
 
 @router.post("/infill")

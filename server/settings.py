@@ -25,6 +25,7 @@ class Settings:
     max_queue: int = 64
     max_batch: int = 16
     max_index_file_bytes: int = 2 << 20
+    prefetch: bool = True  # compute the request after an accept while idle (specdec.prefetch)
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":

@@ -25,6 +25,7 @@ from specdec.history import SuggestionHistory
 from specdec.loader import load_model
 from specdec.options import CompletionOptions, OptionsError
 from specdec.policy import PolicyBook
+from specdec.prefetch import PrefetchCounts, Prefetcher
 from specdec.prompt_cache import PromptCache
 from specdec.quantize import loads_packed, quantize_target
 from specdec.retrieval import StableContext
@@ -58,15 +59,18 @@ class EngineMetrics:
     prompt_cache_bytes: int
     documents: int  # documents with their own acceptance statistics
     recent: tuple  # FinishedRecords of the latest finished requests, oldest first
+    prefetch: PrefetchCounts  # prefetch jobs by outcome and their CPU time
 
 
 class Engine:
     def __init__(self, target, draft=None, index=None, *, head=None, max_tree_nodes: int = 64, draft_depth: int = 8,
-                 adaptive: bool = True, warm_up: bool = True, fim_mode: str | None = None):
+                 adaptive: bool = True, warm_up: bool = True, fim_mode: str | None = None, prefetch: bool = True):
         """adaptive=False always speculates with every node the sources offer (up to the budget):
         for tests and measurements of speculation itself; True decides by measured speed.
         warm_up=False defers the hardware measurements to an explicit warm_up() call.
-        fim_mode overrides the order named in the target's config.json (psm, spm, suffix_first)."""
+        fim_mode overrides the order named in the target's config.json (psm, spm, suffix_first).
+        prefetch=False never computes the request after an accept ahead (specdec.prefetch); it
+        runs only on a started engine (a server), whose loop has idle time to give it."""
         if target.tokenizer is None:
             raise ValueError(f"{target.path}: the target model has no tokenizer.json")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -83,6 +87,7 @@ class Engine:
         self.policies = PolicyBook()
         self.history = SuggestionHistory()
         self.contexts = StableContext()
+        self.prefetcher = Prefetcher(enabled=prefetch)
         self.max_tree_nodes, self.draft_depth = max_tree_nodes, draft_depth
         self.adaptive = adaptive
         self.scheduler = Scheduler(self)
@@ -152,6 +157,10 @@ class Engine:
         if max_queue is not None:
             self.scheduler.max_queue = max_queue
 
+    def set_prefetch(self, enabled: bool) -> None:
+        """Turn prefetching after an accept on or off (off drops the jobs queued)."""
+        self.prefetcher.set_enabled(enabled)
+
     def policies_for(self, document: str | None):
         """(the document's SpeculationPolicy, the global prior); the same object twice for None."""
         return self.policies.for_document(document), self.policies.prior
@@ -170,8 +179,27 @@ class Engine:
         if options.path is not None and self.index is not None:
             options = options.with_changes(path=self.index.relative(options.path))
         generation = Generation(self, options)
+        self.prefetcher.dropping_for(options)  # the user did something else than accept
         self.scheduler.submit(generation)
         return CompletionHandle(self, generation)
+
+    def prefetch_after(self, generation: Generation) -> None:
+        """(scheduler thread) Prefetch after a finished completion, when it was answered and asked
+        for it; only a started engine (a server) has the idle time to."""
+        text = generation.current_text()
+        if self.scheduler.thread is not None and not generation.background \
+                and self.prefetcher.wants(generation.options, text, generation.stop_reason):
+            self.prefetch(generation.options, text)
+
+    def prefetch(self, options: CompletionOptions, suggestion: str) -> None:
+        """Queue, as background work, the requests that accepting `suggestion` (returned for
+        `options`) would send: the scheduler runs them while no request waits (specdec.prefetch)."""
+        self.prefetcher.queue(options, suggestion, self._background_generation)
+
+    def _background_generation(self, options: CompletionOptions) -> Generation:
+        generation = Generation(self, options)
+        generation.background = True
+        return generation
 
     def complete(self, prefix: str, suffix: str = "", **options):
         """One completion, start to end: submit(CompletionOptions(prefix, suffix, **options)).result()."""
@@ -208,7 +236,7 @@ class Engine:
     def metrics(self) -> EngineMetrics:
         entries, nbytes = self.prompt_cache.nbytes()
         return EngineMetrics(self.scheduler.queue_depth(), self.target.expert_load().tolist(), entries, nbytes,
-                             len(self.policies), tuple(self.scheduler.recent))
+                             len(self.policies), tuple(self.scheduler.recent), self.prefetcher.snapshot())
 
     def forget_history(self, document: str | None) -> None:
         """Drop a document's suggestion history (an evaluator's clean start)."""

@@ -54,6 +54,11 @@ REPEAT_SEARCH_CHARS = 4_000  # of the text searched for a long repeat on a plain
 FORCED_DRAFT_FLOOR = 0.05
 
 
+# What a request takes over from the prefetch job it continues (Generation._take_prefetch).
+_TAKEN_OVER = ("prompt", "healing", "committed", "cache", "draft", "eagle", "spare", "generated", "stream", "text",
+               "final_text", "rules")
+
+
 class State(enum.Enum):
     QUEUED = "queued"
     PREFILLING = "prefilling"
@@ -112,6 +117,7 @@ class Generation:
         self.decode_started: float | None = None
         self.deadline: float | None = None  # a strict time budget's end, set when decoding begins
         self.in_burst = False  # it superseded a live request of its document (set by the scheduler)
+        self.background = False  # a prefetch job (specdec.prefetch): stepped only while no request waits
 
     # states -------------------------------------------------------------------------------
 
@@ -195,6 +201,8 @@ class Generation:
         self.stats.context_chunks, self.stats.context_tokens = self.prompt.context_chunks, self.prompt.context_tokens
         self.healing = self.prompt.healing
         self.committed = ids = list(self.prompt.ids)
+        if not self.background and self._take_prefetch(engine.prefetcher.take(options, ids, self.max_tokens)):
+            return
         entry, common = engine.prompt_cache.take(ids) if options.use_prompt_cache else (None, 0)
         if entry is not None:
             self.cache = entry.target
@@ -221,6 +229,26 @@ class Generation:
         self._enter(State.PREFILLING)
         if self.prefill_remaining() == 0:
             self._prefilled()
+
+    def _take_prefetch(self, job) -> bool:
+        """Continue a prefetch job computing this very request (the same prompt ids and deciding
+        options): its caches, tokens and text become this request's, and a finished job's answer
+        is this one's at once. False when there is none."""
+        if job is None:
+            return False
+        taken = job.generation
+        for name in _TAKEN_OVER:
+            setattr(self, name, getattr(taken, name))
+        taken.cache = taken.draft = taken.eagle = taken.spare = None  # this request releases them now
+        self.stats = Stats(**taken.stats.as_dict())
+        self.stats.prefetched = "served" if taken.is_finished else "joined"
+        self._enter(State.PREFILLING)
+        if taken.state is not State.PREFILLING:
+            self._prefilled()
+        if taken.is_finished and not self.is_finished:
+            self.stop = taken.stop
+            self.finish(taken.stop.reason, taken.stop.matched)
+        return True
 
     def _needs_features(self, options) -> bool:
         return options.strategy in ("draft", "hybrid") and self.engine.head is not None
@@ -492,7 +520,7 @@ class Generation:
     def release(self) -> None:
         """Give the caches back to the prompt cache for the next request, and the text to the
         document's suggestion history."""
-        if self.options.strategy == "hybrid":
+        if self.options.strategy == "hybrid" and not self.background:  # a prefetch is nobody's suggestion yet
             self.engine.history.record(self.options.document, self.options.prefix, self.current_text())
         worth_keeping = self.cache is not None and self.cache.length >= self.engine.prompt_cache.min_reuse
         if worth_keeping and self.options.use_prompt_cache:

@@ -52,6 +52,7 @@ class Scheduler:
     ADMIT_BUSY = 4  # requests begun per step while others decode (each begin tokenizes a prompt)
     LOAD_TOKEN_CAP = 16  # generated tokens per request while requests wait for a decoding slot
     QUIET_MS = 200  # a request of a keystroke burst left alone this long is a pause: a user waits on it
+    PREFETCH_CHUNK = 64  # prompt tokens per background pass: a request arriving meanwhile waits for one
 
     def __init__(self, engine, max_batch: int = 16, max_queue: int = 64):
         self.engine = engine
@@ -142,7 +143,8 @@ class Scheduler:
         torch.set_grad_enabled(False)
         while self.running:
             with self.lock:
-                while self.running and not self.waiting and not self.prefilling and not self.active:
+                while self.running and not self.waiting and not self.prefilling and not self.active \
+                        and self.engine.prefetcher.next_runnable() is None:
                     self.lock.wait(timeout=0.5)
             if not self.running:
                 break
@@ -171,6 +173,8 @@ class Scheduler:
             proposing_ms.append((time.perf_counter() - started) * 1000 - g.catch_up_ms)
         if chunks or trees:
             self._forward(chunks, trees, proposing_ms)
+        elif not self.waiting:
+            self._background_step()
         self.steps += 1
         self._reap()
 
@@ -210,7 +214,8 @@ class Scheduler:
         for g, (_, _, segment) in chunks:
             rows_of = None if features is None else features[offset : offset + segment.length]
             offset += segment.length
-            if self._guard(g, lambda g=g, rows_of=rows_of: g.prefill_fed(rows_of)) and g.state is State.DECODING:
+            fed = self._guard(g, lambda g=g, rows_of=rows_of: g.prefill_fed(rows_of))
+            if fed and g.state is State.DECODING and not g.background:
                 with self.lock:
                     self.prefilling.remove(g)
                     self.active.append(g)
@@ -224,6 +229,29 @@ class Scheduler:
             for (g, _), count, own_ms in zip(trees, added, proposing_ms, strict=True):
                 if g.options.strategy != "ar" and not g.repeat_only:  # not a choice the policy made
                     learn_step(g.policies, g.speed_key, g.speculating, share + own_ms, count)
+
+    def _background_step(self) -> None:
+        """One pass of the oldest prefetch job (specdec.prefetch), run only when no request waits:
+        its begin and first forward, a PREFETCH_CHUNK of its prompt, or one decoding step. A
+        failing job is dropped; it never fails the live requests."""
+        prefetcher = self.engine.prefetcher
+        job = prefetcher.next_runnable()
+        if job is None:
+            return
+        g, started = job.generation, time.process_time()
+        try:
+            if g.state is State.QUEUED:
+                g.begin()
+            if g.prefilling:
+                self._forward([(g, g.prefill_segment(min(self.PREFETCH_CHUNK, g.prefill_remaining())))], [])
+            elif not g.is_finished:
+                self._forward([], [(g, g.propose(0))])
+        except Exception as err:
+            log.exception("prefetch step failed")
+            g.fail(err)
+        prefetcher.ran(job, time.process_time() - started)
+        if g.is_finished:
+            g.release()  # its caches go to the prompt cache, under the predicted prompt and its answer
 
     def _decoding(self) -> list:
         """The decoding requests stepped now: those a user waits on (_waited_on), oldest first.
@@ -321,6 +349,11 @@ class Scheduler:
         for g in gone:
             g.release()
             self._left(g)
+            self.engine.prefetch_after(g)
+        for job in self.engine.prefetcher.take_dropped():
+            if not job.generation.is_finished:
+                job.generation.finish(job.generation.cancel_reason or "superseded")
+            job.generation.release()
 
     def _decode_began(self, g) -> None:
         if g.decode_started is not None:

@@ -34,6 +34,7 @@ class Stats(Mapping):
     retrieval_ms: float = 0.0
     tokens_cap: int = 0  # the scheduler's cap on generated tokens under load (0: the request's own limit)
     expected_wait_ms: float = 0.0  # with stop_reason "busy": the wait that was longer than the budget
+    prefetched: str = ""  # "served": answered from a finished prefetch; "joined": continued a running one
 
     def __getitem__(self, key):
         if key not in _FIELDS:
