@@ -209,8 +209,8 @@ async def request(client, url, payload, stats):
     return answer
 
 
-def start_server(repo: Path, port: int, log_path: Path):
-    cmd = [sys.executable, "-m", "specdec.cli", "serve", "--repo", str(repo), "--port", str(port)]
+def start_server(repo: Path, port: int, log_path: Path, extra_args=()):
+    cmd = [sys.executable, "-m", "specdec.cli", "serve", "--repo", str(repo), "--port", str(port), *extra_args]
     # The server's log goes to a file: an undrained pipe would fill and block the server.
     log_file = log_path.open("w")
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True)
@@ -230,7 +230,7 @@ def start_server(repo: Path, port: int, log_path: Path):
 
 
 async def run(args) -> dict:
-    proc, url = start_server(args.repo, args.port, args.server_log)
+    proc, url = start_server(args.repo, args.port, args.server_log, [] if args.prefetch else ["--no-prefetch"])
     try:
         files = [(p.relative_to(args.repo).as_posix(), p.read_text(errors="replace"))
                  for p in sorted(args.repo.rglob("*.py")) if p.stat().st_size > 3000][:200]
@@ -264,7 +264,7 @@ async def run(args) -> dict:
         pick = lambda q, xs=lat: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None  # noqa: E731
         median = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
         cache_mb = float(gauge(metrics, "specdec_prompt_cache_bytes") or 0) / 2**20
-        return {"client": args.client, "sessions": args.sessions, "seconds": args.seconds,
+        return {"client": args.client, "sessions": args.sessions, "seconds": args.seconds, "prefetch": args.prefetch,
                 "pause_wait_ms": {"p50": pick(0.5, waits), "p95": pick(0.95, waits), "p99": pick(0.99, waits),
                                   "count": len(waits)},
                 "completions_per_s": round(len(lat) / args.seconds, 2),
@@ -288,6 +288,8 @@ async def run(args) -> dict:
                 "prompt_cache_mb_after": cache_mb,
                 # The prompt cache is bounded (LRU); the rest of the process must stay flat.
                 "rss_mb_after_minus_prompt_cache": rss_after - cache_mb, "tau": gauge(metrics, "specdec_tau"),
+                "prefetch_metrics": {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+                             if line.startswith("specdec_prefetch")},
                 "completed_prefill_tokens_p50": median(stats["prefilled"]),
                 "completed_cached_tokens_p50": median(stats["cached"]), "server_alive_after": not metrics.startswith("# metrics unavailable")}
     finally:
@@ -309,6 +311,7 @@ def main() -> int:
     p.add_argument("--client", choices=("vim", "vscode", "cancel"), default="cancel",
                    help="how the editor treats a request in flight (see session())")
     p.add_argument("--sample-every", type=float, default=5.0, help="seconds between RSS/threads/fds samples")
+    p.add_argument("--no-prefetch", dest="prefetch", action="store_false", help="serve with --no-prefetch")
     p.add_argument("--json", type=Path)
     p.add_argument("--server-log", type=Path, default=Path("load_server.log"), help="the server's stdout and stderr")
     args = p.parse_args()

@@ -201,7 +201,8 @@ class Generation:
         self.stats.context_chunks, self.stats.context_tokens = self.prompt.context_chunks, self.prompt.context_tokens
         self.healing = self.prompt.healing
         self.committed = ids = list(self.prompt.ids)
-        if not self.background and self._take_prefetch(engine.prefetcher.take(options, ids, self.max_tokens)):
+        wants_prefetch = options.prefetch and not self.background  # "prefetch": false computes it all itself
+        if wants_prefetch and self._take_prefetch(engine.prefetcher.take(options, ids, self.max_tokens)):
             return
         entry, common = engine.prompt_cache.take(ids) if options.use_prompt_cache else (None, 0)
         if entry is not None:
@@ -243,8 +244,8 @@ class Generation:
         self.stats = Stats(**taken.stats.as_dict())
         self.stats.prefetched = "served" if taken.is_finished else "joined"
         self._enter(State.PREFILLING)
-        if taken.state is not State.PREFILLING:
-            self._prefilled()
+        if taken.state is not State.PREFILLING:  # its prediction so far counts against the time limit, as its tokens do
+            self._prefilled(taken.decode_started)
         if taken.is_finished and not self.is_finished:
             self.stop = taken.stop
             self.finish(taken.stop.reason, taken.stop.matched)
@@ -272,7 +273,7 @@ class Generation:
         if self.prefill_remaining() == 0:
             self._prefilled()
 
-    def _prefilled(self) -> None:
+    def _prefilled(self, decode_started: float | None = None) -> None:
         # A request a user waits on brings the draft's cache up to the prompt when a step first
         # drafts (_catch_up): an adaptive engine rarely drafts, and syncing a cold prompt through
         # the draft cost a fifth of the target's own prefill on every request that came to a new
@@ -281,7 +282,7 @@ class Generation:
         if self.draft is not None and self.options.max_tokens == 0:
             self.draft.sync(self.committed)
         self.stats.prefill_ms = (time.perf_counter() - self.started) * 1000
-        self.decode_started = time.perf_counter()
+        self.decode_started = decode_started or time.perf_counter()
         if self.options.strict_budget_ms is not None:
             self.deadline = self.decode_started + self.options.strict_budget_ms / 1000
         self._enter(State.DECODING)

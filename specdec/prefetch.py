@@ -17,11 +17,14 @@ Threads: queue_after() and the taking run on the scheduler's thread; dropping_fo
 a submitting thread; the lock guards the job lists and the counters.
 """
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 
 from specdec.options import CompletionOptions
+
+log = logging.getLogger("specdec.prefetch")
 
 # Options that do not decide a completion's tokens: a request differing from a job only in these
 # is the job's request. Time limits are left out on purpose: a job runs without them (it is off
@@ -30,8 +33,14 @@ _NOT_DECIDING = ("time_budget_ms", "time_budget_after_newline", "wait_budget_ms"
                  "document", "slot", "strategy", "prefetch")
 
 def token_key(options: CompletionOptions) -> tuple:
-    """Everything in the options that decides the completion's tokens."""
-    return tuple((name, value) for name, value in vars(options).items() if name not in _NOT_DECIDING)
+    """What in the options decides the completion's tokens, besides the prompt ids it builds: of
+    the prefix, only its last line (the stop rules read it). The rest of the prefix reaches the
+    tokens only through the prompt, which a request must match id for id; so a client whose
+    window of lines above the cursor moved after a multi-line accept still meets its prefetch
+    when the prompt's own cut hides the difference."""
+    key = [(name, value) for name, value in vars(options).items() if name not in _NOT_DECIDING]
+    return tuple(("prefix", value[value.rfind("\n") + 1 :]) if name == "prefix" else (name, value)
+                 for name, value in key)
 
 
 def accepted_variants(text: str) -> list[str]:
@@ -83,6 +92,7 @@ class PrefetchJob:
     generation: object  # a Generation run as background work
     key: tuple  # token_key of its options
     document: str | None
+    batch: int = 0  # which queue() made it: the latest suggestion's jobs run first
     created: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     cpu_s: float = 0.0
@@ -92,6 +102,7 @@ class Prefetcher:
     def __init__(self, limits: PrefetchLimits = PrefetchLimits(), enabled: bool = True):
         self.limits, self.enabled = limits, enabled
         self.jobs: list[PrefetchJob] = []  # oldest first
+        self.batches = 0
         self.dropped: list[PrefetchJob] = []  # left, for the scheduler to finish and release
         self.counts = PrefetchCounts()
         self.lock = threading.Lock()
@@ -113,9 +124,10 @@ class Prefetcher:
         predicted = [after_accepting(options, accepted) for accepted in accepted_variants(text)]
         with self.lock:
             self._drop_where(lambda job: job.document == options.document)
+            self.batches += 1
             for wanted in predicted[: self.limits.per_document]:
                 self.jobs.append(PrefetchJob(make_generation(wanted.with_changes(prefetch=False)),
-                                             token_key(wanted), options.document))
+                                             token_key(wanted), options.document, self.batches))
                 self.counts.started += 1
             while len(self.jobs) > self.limits.total:
                 self._drop(self.jobs[0])
@@ -141,6 +153,7 @@ class Prefetcher:
                 if job.key != key or g.max_tokens != max_tokens:
                     continue
                 if g.prompt is None or list(g.prompt.ids) != prompt_ids:  # not begun, or its context moved
+                    log.info("prefetch not taken: %s", "not begun" if g.prompt is None else _difference(g.prompt.ids, prompt_ids))
                     self._drop(job)
                     return None
                 self.jobs.remove(job)
@@ -152,11 +165,18 @@ class Prefetcher:
         return None
 
     def next_runnable(self) -> PrefetchJob | None:
-        """The oldest job with work left, after dropping finished ones kept too long."""
+        """The job to step next, after dropping finished ones kept too long: among those with work
+        left, the latest suggestion's (the one on screen now; an older one was most likely passed
+        by), and of its jobs the whole suggestion's before its first line's."""
         now = time.monotonic()
         with self.lock:
             self._drop_where(lambda job: job.finished_at is not None and now - job.finished_at > self.limits.keep_s)
-            return next((job for job in self.jobs if not job.generation.is_finished), None)
+            runnable = [job for job in self.jobs if not job.generation.is_finished]
+            return min(runnable, key=lambda job: -job.batch, default=None)
+
+    def has_work(self) -> bool:
+        """A job to step, or dropped ones whose caches the scheduler has yet to release."""
+        return bool(self.dropped) or self.next_runnable() is not None
 
     def ran(self, job: PrefetchJob, cpu_s: float) -> None:
         """Count one pass of a job (it may have been dropped meanwhile, from another thread)."""
@@ -188,3 +208,8 @@ class Prefetcher:
         self.dropped.append(job)
         self.counts.wasted += 1
         self.counts.wasted_cpu_s += job.cpu_s
+
+
+def _difference(predicted, asked) -> str:
+    same = next((i for i, (a, b) in enumerate(zip(predicted, asked, strict=False)) if a != b), min(len(predicted), len(asked)))
+    return f"the prompt differs at token {same} of {len(asked)} ({len(predicted)} predicted)"

@@ -52,7 +52,7 @@ class Scheduler:
     ADMIT_BUSY = 4  # requests begun per step while others decode (each begin tokenizes a prompt)
     LOAD_TOKEN_CAP = 16  # generated tokens per request while requests wait for a decoding slot
     QUIET_MS = 200  # a request of a keystroke burst left alone this long is a pause: a user waits on it
-    PREFETCH_CHUNK = 64  # prompt tokens per background pass: a request arriving meanwhile waits for one
+    PREFETCH_CHUNK = 32  # prompt tokens per background pass: a request arriving meanwhile waits for one
 
     def __init__(self, engine, max_batch: int = 16, max_queue: int = 64):
         self.engine = engine
@@ -144,7 +144,7 @@ class Scheduler:
         while self.running:
             with self.lock:
                 while self.running and not self.waiting and not self.prefilling and not self.active \
-                        and self.engine.prefetcher.next_runnable() is None:
+                        and not self.engine.prefetcher.has_work():
                     self.lock.wait(timeout=0.5)
             if not self.running:
                 break

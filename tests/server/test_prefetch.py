@@ -51,3 +51,18 @@ def test_prefetch_is_off_per_request_and_per_server(models, repo):
         time.sleep(0.3)
         assert server.engine.metrics().prefetch.started == 0
         assert 'specdec_prefetch_total{outcome="started"} 0' in httpx.get(f"{server.url}/metrics", timeout=10).text
+
+
+def test_serve_and_lsp_turn_prefetch_off_by_flag_and_setting():
+    import argparse
+
+    from specdec_server.cli import LSP, SERVE
+    from specdec_server.lsp import LspSettings
+
+    for command in (SERVE, LSP):
+        parser = argparse.ArgumentParser()
+        command.add_arguments(parser)
+        assert parser.parse_args([]).prefetch is True
+        assert parser.parse_args(["--no-prefetch"]).prefetch is False
+    assert LspSettings().updated({"specdec": {"prefetch": False}}).prefetch is False
+    assert LspSettings().updated({"specdec": {"prefetch": "no"}}).prefetch is True  # not a boolean: ignored

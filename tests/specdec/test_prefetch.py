@@ -54,6 +54,9 @@ def test_time_limits_and_routing_do_not_decide_the_tokens():
     assert token_key(options) == token_key(options.with_changes(time_budget_ms=5.0, document="d", strategy="ar"))
     assert token_key(options) != token_key(options.with_changes(max_tokens=3))
     assert token_key(options) != token_key(options.with_changes(suffix="c"))
+    lines = CompletionOptions("top\nmiddle\n    x = ", "b")
+    assert token_key(lines) == token_key(lines.with_changes(prefix="middle\n    x = "))  # the prompt ids tell the rest
+    assert token_key(lines) != token_key(lines.with_changes(prefix="top\nmiddle\n  x = "))
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}], ids=["greedy", "seeded"])
@@ -87,6 +90,24 @@ def test_a_running_prefetch_is_joined_and_its_tokens_count(models):
     assert joined.tokens[: len(done_before)] == done_before
     assert joined.tokens == _cold(models, accepted).tokens
     assert engine.metrics().prefetch.joined == 1
+
+
+def test_a_joined_prefetch_counts_its_prediction_time_against_the_time_limit(models):
+    engine = _engine(models)
+    options = _options(seed=12).with_changes(max_tokens=40)
+    shown = engine.complete(**_kwargs(options))
+    engine.prefetch(options, shown.text)
+    job = engine.prefetcher.jobs[0].generation
+    while job.state is not State.DECODING or len(job.generated) < 3:
+        engine.scheduler.step()
+    time.sleep(0.06)  # the job has predicted for longer than the request will allow
+    predicted = len(job.generated)
+    accepted = after_accepting(options, shown.text).with_changes(time_budget_ms=50.0)
+    joined = engine.complete(**_kwargs(accepted))
+    assert joined.stats.prefetched == "joined" and joined.stats.stop_reason == "time"
+    assert len(joined.tokens) <= predicted + 1  # at most the one step that noticed the time
+    cold = _cold(models, accepted).tokens
+    assert len(joined.tokens) < len(cold) and joined.tokens == cold[: len(joined.tokens)]
 
 
 def test_typing_something_else_drops_the_documents_prefetches_into_the_prompt_cache(models):
@@ -124,18 +145,22 @@ def test_a_live_request_goes_before_a_running_prefetch(models):
 def test_jobs_are_bounded_per_document_and_in_all():
     prefetcher = Prefetcher(PrefetchLimits(per_document=2, total=3))
 
-    class Job:
-        is_finished, prompt, max_tokens = False, None, 8
-
-        def request_cancel(self, reason):
-            self.reason = reason
-
     for document in ("a", "b", "c"):
-        prefetcher.queue(CompletionOptions("x", document=document), "one\ntwo", lambda options: Job())
+        prefetcher.queue(CompletionOptions("x", document=document), "one\ntwo", lambda options: _FakeJob())
     assert [job.document for job in prefetcher.jobs] == ["b", "c", "c"]
     assert prefetcher.snapshot().started == 6 and prefetcher.snapshot().wasted == 3
-    prefetcher.queue(CompletionOptions("y", document="c"), "three", lambda options: Job())  # a new suggestion
+    prefetcher.queue(CompletionOptions("y", document="c"), "three", lambda options: _FakeJob())  # a new suggestion
     assert [job.document for job in prefetcher.jobs] == ["b", "c"]
+
+
+def test_the_latest_suggestions_jobs_run_first_whole_before_first_line():
+    prefetcher = Prefetcher()
+    for document in ("a", "b"):
+        prefetcher.queue(CompletionOptions("x", document=document), "one\ntwo", lambda options: _FakeJob())
+    first = prefetcher.next_runnable()
+    assert first.document == "b" and first.key == token_key(CompletionOptions("xone\ntwo"))
+    first.generation.is_finished = True
+    assert prefetcher.next_runnable().key == token_key(CompletionOptions("xone"))
 
 
 def test_prefetch_runs_only_on_a_started_engine_and_can_be_turned_off(models):
@@ -157,6 +182,15 @@ def test_prefetch_runs_only_on_a_started_engine_and_can_be_turned_off(models):
         assert engine.prefetcher.jobs == []
     finally:
         engine.stop()
+
+
+class _FakeJob:
+    """A job's generation as the Prefetcher's bookkeeping sees it."""
+
+    is_finished, prompt, max_tokens = False, None, 8
+
+    def request_cancel(self, reason):
+        self.reason = reason
 
 
 def _kwargs(options: CompletionOptions) -> dict:
