@@ -99,7 +99,8 @@ def main(argv=None) -> int:
     cases = points(args.repo, args.points, args.seed)
     server = args.llamacpp.resolve() / "build" / "bin" / "llama-server"
     results = {
-        "ours": serve([str(Path(sys.executable).parent / "specdec"), "serve", "--target", str(gguf), "--port", "8193"],
+        "ours": serve([str(Path(sys.executable).parent / "specdec"), "serve", "--target", str(gguf), "--port", "8193",
+                       "--fim-mode", "psm"],
                       "http://127.0.0.1:8193", cases),
         "llama.cpp": serve([str(server), "-m", str(gguf), "-t", str(args.threads), "-c", "8192", "--port", "8194"],
                            "http://127.0.0.1:8194", cases),

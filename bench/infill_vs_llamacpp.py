@@ -94,7 +94,7 @@ def main(argv=None) -> int:
             if gguf is None:
                 raise SystemExit("no --gguf, and the default model is not pulled (specdec models pull)")
         servers = {
-            "ours": ([str(Path(sys.executable).parent / "specdec"), "serve", "--port", "8191", "--quantize", args.quantize,
+            "ours": ([str(Path(sys.executable).parent / "specdec"), "serve", "--port", "8191", "--fim-mode", "psm", "--quantize", args.quantize,
                       "--target", str(ours)], "http://127.0.0.1:8191"),
             "llama.cpp": ([str(args.llamacpp.resolve() / "build" / "bin" / "llama-server"), "-m", str(gguf), "-t",
                            str(args.threads), "-c", "4096", "--port", "8192"], "http://127.0.0.1:8192"),

@@ -39,7 +39,10 @@ class FimFormat:
         return tuple(t for t in (self.prefix, self.suffix, self.middle, self.file_sep, self.pad, *self.eot, self.bos) if t)
 
 
-QWEN = FimFormat("qwen", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", ("<|endoftext|>",), ("psm", "spm"),
+# SPM first for Qwen: typing appends to an SPM prompt, so a keystroke prefills only what was typed,
+# where PSM prefills the whole suffix again; and Qwen2.5-Coder completes at least as well in it
+# (bench/fim_order.py, docs/models.md).
+QWEN = FimFormat("qwen", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", ("<|endoftext|>",), ("spm", "psm"),
                  file_sep="<|file_sep|>", pad="<|fim_pad|>")
 STARCODER = FimFormat("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", ("<|endoftext|>",), ("psm", "spm"),
                       file_sep="<file_sep>", pad="<fim_pad>")

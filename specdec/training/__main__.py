@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="sample kinds (copy: a third of the samples see an edited earlier revision first; "
                              "recall: a quarter are unrelated lines, then some of them again; "
                              "induct: recall plus repeated runs of random tokens; settle: recall and a few such runs; "
-                             "psm: no SPM samples, the features stage's default, for a PSM family as Qwen2.5-Coder)")
+                             "psm: no SPM samples, for a target served in PSM order)")
     parser.add_argument("--init-from", type=Path, help="a model (or, for head, an EAGLE-3 head) directory to start from "
                              "when there is no checkpoint")
     parser.add_argument("--teacher", type=Path, help="the draft's teacher (default: runs/target's checkpoint)")
@@ -137,11 +137,11 @@ def _extract_features(args) -> int:
         raise SystemExit("features: --teacher FILE.gguf (or a model directory) is required")
     teacher = load_model(args.teacher, packed=_packs(args.teacher)).train(False)
     capture = Eagle3Config.from_dict(head_config(teacher.config)).capture_layers(teacher.config.num_layers)
-    mix = args.mix if args.mix != "default" else "psm"
+    # The default mix is mostly SPM, the order Qwen is served in (fim_formats.QWEN): the head
+    # reads the features of prompts laid out as the ones it will draft for.
     settings = FeatureSettings(target=target_identity(args.teacher), capture=tuple(capture),
-                               hidden=teacher.config.hidden_size, seq_len=args.seq_len, seed=args.seed, mix=mix)
+                               hidden=teacher.config.hidden_size, seq_len=args.seq_len, seed=args.seed, mix=args.mix)
     store = FeatureStore.open(args.runs / (args.name or "features"), settings)
-    args.mix = mix
     maker = _sample_maker(args, teacher.tokenizer)
     rows = int((args.tokens or 2e6) // args.seq_len)
     done = extract(teacher, lambda i: maker.batch(i, 1, args.seq_len)[0], store, rows, args.max_minutes)

@@ -119,7 +119,7 @@ def test_a_request_may_choose_its_fim_order_among_the_familys(live):
         r = httpx.post(f"{live.url}/infill", json=dict(body, fim_mode=mode), timeout=60)
         assert r.status_code == 200, r.text
     lacking = httpx.post(f"{live.url}/infill", json=dict(body, fim_mode="suffix_first"), timeout=60)
-    assert lacking.status_code == 400 and "qwen format has psm, spm" in lacking.json()["error"]["message"]
+    assert lacking.status_code == 400 and "qwen format has spm, psm" in lacking.json()["error"]["message"]
     unknown = httpx.post(f"{live.url}/v1/completions", json={"prompt": "x = ", "fim_mode": "middle"}, timeout=60)
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "fim_mode"
     for route, streamed in (("/infill", dict(body, stream=True)), ("/v1/completions", {"prompt": "x = ", "stream": True})):

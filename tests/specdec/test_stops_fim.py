@@ -177,9 +177,9 @@ def _family_tokenizer(specials, split: str | None = None):
     return tokenizer
 
 
-FAMILIES = {  # name: (special tokens, documented prompt for prefix P, suffix S, a context chunk)
+FAMILIES = {  # name: (special tokens, the family's default prompt for prefix P, suffix S, a context chunk)
     "qwen": (["<|endoftext|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>",
-              "<|file_sep|>"], "<|file_sep|>util.py\nx = 1<|fim_prefix|>{P}<|fim_suffix|>{S}<|fim_middle|>"),
+              "<|file_sep|>"], "<|file_sep|>util.py\nx = 1<|fim_prefix|><|fim_suffix|>{S}<|fim_middle|>{P}"),
     "starcoder": (["<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<repo_name>",
                    "<file_sep>"], "<file_sep>util.py\nx = 1<fim_prefix>{P}<fim_suffix>{S}<fim_middle>"),
     "deepseek": (["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜fim▁hole｜>", "<｜fim▁begin｜>", "<｜fim▁end｜>"],
