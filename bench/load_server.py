@@ -290,16 +290,26 @@ async def run(args) -> dict:
                 "prompt_cache_mb_after": cache_mb,
                 # The prompt cache is bounded (LRU); the rest of the process must stay flat.
                 "rss_mb_after_minus_prompt_cache": rss_after - cache_mb, "tau": gauge(metrics, "specdec_tau"),
-                "prefetch_metrics": {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
-                             if line.startswith("specdec_prefetch")},
+                "prefetch_metrics": prefetch_metrics(metrics),
                 "completed_prefill_tokens_p50": median(stats["prefilled"]),
                 "completed_cached_tokens_p50": median(stats["cached"]), "server_alive_after": not metrics.startswith("# metrics unavailable")}
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
+
+
+def stop_server(proc) -> None:
+    """Ctrl-C, as a user stops it; killed if it has not exited 20 s later."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def prefetch_metrics(metrics: str) -> dict:
+    """The specdec_prefetch_* lines of /metrics, {name with labels: value}."""
+    return {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+            if line.startswith("specdec_prefetch")}
 
 
 def main() -> int:

@@ -20,15 +20,13 @@ import argparse
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.load_server import body, start_server
+from bench.load_server import body, prefetch_metrics, start_server, stop_server
 
 LLAMA_VIM = {"n_predict": 128, "t_max_predict_ms": 1000, "t_max_prompt_ms": 500,
              "response_fields": None}  # llama.vim's limits once a suggestion has been shown
@@ -102,18 +100,9 @@ def run_server(args, prefetch: bool, chosen: list) -> dict:
                     record["cold_tokens"], record["cold_body"] = tokens, cold
                 accepts.append(record)
             metrics = client.get(f"{url}/metrics").text
-        return {"accepts": accepts, "metrics": _prefetch_metrics(metrics)}
+        return {"accepts": accepts, "metrics": prefetch_metrics(metrics)}
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _prefetch_metrics(text: str) -> dict:
-    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-            if line.startswith("specdec_prefetch")}
+        stop_server(proc)
 
 
 def summary(run: dict) -> dict:

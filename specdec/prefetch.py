@@ -20,7 +20,7 @@ a submitting thread; the lock guards the job lists and the counters.
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specdec.options import CompletionOptions
 
@@ -93,7 +93,6 @@ class PrefetchJob:
     key: tuple  # token_key of its options
     document: str | None
     batch: int = 0  # which queue() made it: the latest suggestion's jobs run first
-    created: float = field(default_factory=time.monotonic)
     finished_at: float | None = None
     cpu_s: float = 0.0
 

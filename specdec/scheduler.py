@@ -231,7 +231,7 @@ class Scheduler:
                     learn_step(g.policies, g.speed_key, g.speculating, share + own_ms, count)
 
     def _background_step(self) -> None:
-        """One pass of the oldest prefetch job (specdec.prefetch), run only when no request waits:
+        """One pass of the next prefetch job (Prefetcher.next_runnable), run only when no request waits:
         its begin and first forward, a PREFETCH_CHUNK of its prompt, or one decoding step. A
         failing job is dropped; it never fails the live requests."""
         prefetcher = self.engine.prefetcher
@@ -351,8 +351,8 @@ class Scheduler:
             self._left(g)
             self.engine.prefetch_after(g)
         for job in self.engine.prefetcher.take_dropped():
-            if not job.generation.is_finished:
-                job.generation.finish(job.generation.cancel_reason or "superseded")
+            if not job.generation.is_finished:  # dropping asked it to cancel
+                job.generation.finish(job.generation.cancel_reason)
             job.generation.release()
 
     def _decode_began(self, g) -> None:
