@@ -47,6 +47,8 @@ def main(argv=None) -> int:
                         "measured plain steps are faster: acceptance of the sources themselves, apart from the hardware")
     r.add_argument("--context", default="auto",
                    help="auto,none: every strategy with and without retrieved repository context, side by side")
+    r.add_argument("--context-tokens", type=int, metavar="N",
+                   help="prompt tokens for retrieved repository code under --context auto (default: the engine's)")
     r.add_argument("--typing-along", action="store_true",
                    help="time the follow-up request after the user types the first 3 characters of each suggestion")
     c = sub.add_parser("compare", help="print the differences between two results.json files")
@@ -65,6 +67,7 @@ def _run(args, argv) -> int:
 
     from prefixcache import Index
     from specdec import Engine, default_model_dir
+    from specdec.retrieval import ContextSettings
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     contexts = tuple(c.strip() for c in args.context.split(",") if c.strip())
@@ -80,6 +83,8 @@ def _run(args, argv) -> int:
     index = Index.build(args.repo)
     engine = Engine.from_pretrained(args.target, args.draft, index, adaptive=not args.always_speculate,
                                     quantize=args.quantize)
+    if args.context_tokens is not None:
+        engine.set_context(ContextSettings(tokens=args.context_tokens))
     baselines = None
     if args.baselines:
         from specdec_eval.baselines import HFBaselines
@@ -102,6 +107,7 @@ def _run(args, argv) -> int:
                "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
                "adaptive": engine.adaptive, "typing_along": args.typing_along,
                "quantize": getattr(engine.target, "quantization", "none"),
+               "context_tokens": engine.contexts.settings.tokens,
                "strategies": summarize(records), "expert_load": expert_load_summary(engine)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -23,14 +23,14 @@ def write_markdown(results: dict, out: Path, command: str) -> None:
         for mode, m in s.get("by_mode", {}).items():
             modes.append(f"| {name} | {mode} | {m['points']} | {m['tau']:.2f} | {m['speedup_vs_ar']:.2f}x | "
                          f"{m['latency_ms']['p50']:.0f} | {m['latency_ms']['p95']:.0f} |")
-    contexts = ["", "## Repository context", "", "| variant | chunks per point | tokens per point | retrieval p50 ms | p95 ms |",
-                "| --- | --- | --- | --- | --- |"]
+    contexts = ["", "## Repository context", "",
+                "| variant | chunks per point | tokens per point | retrieval p50 ms | p95 ms | first line exact | "
+                "first line similarity | first request p50 ms | p95 ms |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    compared = any("@" in name for name in results["strategies"])  # a run with and without context
     for name, s in results["strategies"].items():
-        c = s.get("context")
-        if c and c["chunks_per_point"]:
-            timing = c["retrieval_ms"]
-            p50, p95 = (f"{timing['p50']:.2f}", f"{timing['p95']:.2f}") if timing else ("-", "-")
-            contexts.append(f"| {name} | {c['chunks_per_point']:.1f} | {c['tokens_per_point']:.0f} | {p50} | {p95} |")
+        if s.get("context") and (compared or s["context"]["chunks_per_point"]):
+            contexts.append(_context_row(name, s))
     if len(contexts) == 5:
         contexts = []
     load = results.get("expert_load", {}).get("max_over_mean_per_layer", [])
@@ -99,3 +99,12 @@ def _figure(path: Path, title: str, xlabel: str, ylabel: str | None = None):
         fig.savefig(path, dpi=110)
     finally:
         plt.close(fig)
+
+
+def _context_row(name: str, s: dict) -> str:
+    c, line = s["context"], s.get("first_line") or {}
+    cells = [f"{c['chunks_per_point']:.1f}", f"{c['tokens_per_point']:.0f}"]
+    for timing, digits in ((c.get("retrieval_ms"), 2), (c.get("first_request_ms"), 0)):
+        cells += [f"{timing['p50']:.{digits}f}", f"{timing['p95']:.{digits}f}"] if timing else ["-", "-"]
+    cells[4:4] = [f"{line.get('exact_match', 0):.3f}", f"{line.get('edit_similarity', 0):.3f}"]
+    return f"| {name} | {' | '.join(cells)} |"

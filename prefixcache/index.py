@@ -12,7 +12,7 @@ from prefixcache.build import build_tables, content_hash
 from prefixcache.extract import extract
 from prefixcache.files import list_files, read_source
 from prefixcache.overlay import Overlay
-from prefixcache.retrieve import Chunk, Retriever
+from prefixcache.retrieve import SIMILAR_FLOOR, Chunk, Retriever
 from prefixcache.store import StaticIndex, read_manifest, write_index
 from prefixcache.tables import MULTI_FILE
 
@@ -63,6 +63,11 @@ class Index:
 
     # updating -----------------------------------------------------------------------------
 
+    @property
+    def name(self) -> str:
+        """The repository's name, as a prompt's repository header gives it: its root folder's."""
+        return self.root.name
+
     def relative(self, path) -> str:
         """A repository-relative POSIX path for a relative or absolute (inside the root) path."""
         known = self._relative_paths.get(path) if isinstance(path, str) else None
@@ -87,15 +92,17 @@ class Index:
             raise ValueError(f"{path}: escapes the indexed repository")
         return str(rel)
 
-    def update(self, path, text: str) -> None:
-        """Replace the file's units with those of `text`; visible to the very next proposal."""
+    def update(self, path, text: str, edited: bool = True) -> None:
+        """Replace the file's units with those of `text`; visible to the very next proposal.
+        edited=False: not a user's edit (an evaluation's cut at its cursor), so retrieval does
+        not offer the changed lines as recent edits."""
         rel = self.relative(path)
         found = extract(rel, text)
         with self.lock:
             self._tombstone(rel)
             self.overlay.add(rel, found)
             grown = len(self.overlay) > COMPACT_UNITS
-            self._retriever_update(rel, text)
+            self._retriever_update(rel, text, edited)
         if grown:
             self._compact_soon()
 
@@ -106,13 +113,13 @@ class Index:
             self.overlay.remove(rel)
             self._retriever_update(rel, None)
 
-    def _retriever_update(self, rel: str, text: str | None) -> None:
+    def _retriever_update(self, rel: str, text: str | None, edited: bool = True) -> None:
         if self._retriever is None:
             self._pending_texts[rel] = text
         elif text is None:
             self._retriever.remove(rel)
         else:
-            self._retriever.update(rel, text)
+            self._retriever.update(rel, text, edited)
 
     def _tombstone(self, rel: str) -> None:
         i = self.file_index.get(rel)
@@ -191,12 +198,13 @@ class Index:
         """Read every file for retrieval now (a server does it in the background); returns the windows."""
         return self.retriever.window_count
 
-    def retrieve(self, before: str, after: str = "", path=None, budget_chars: int = 4000) -> list[Chunk]:
+    def retrieve(self, before: str, after: str = "", path=None, budget_chars: int = 4000,
+                 min_similarity: float = SIMILAR_FLOOR) -> list[Chunk]:
         """Chunks of other files for the prompt at a cursor (see retrieve.py), most relevant last."""
         rel = self.relative(path) if path else None
         candidates = [(c.source, (proposer.cursor_context(before)[0] + c.text).strip())
                       for c in self.propose(before, path=path, k=3) if c.source]
-        return self.retriever.retrieve(before, after, rel, budget_chars, candidates)
+        return self.retriever.retrieve(before, after, rel, budget_chars, candidates, min_similarity)
 
     # proposing ----------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ NEIGHBOURHOOD_LINES = 12  # before the cursor (and a third of it after) make the
 NEAR_DUPLICATE = 0.5  # Jaccard with the neighbourhood above which a chunk is dropped
 DEFINITION_LINES = 12
 COMMON_WORD_SHARE = 0.05  # words in more windows than this share are not looked up
+SIMILAR_FLOOR = 0.05  # Jaccard with the neighbourhood a similar window needs to be chosen at all
 _IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.MULTILINE)
 _DEFINITION_NODES = {
     "python": ("function_definition", "class_definition"),
@@ -123,13 +124,16 @@ class Retriever:
     # retrieving -----------------------------------------------------------------------------
 
     def retrieve(self, before: str, after: str, path: str | None, budget_chars: int,
-                 candidates=()) -> list[Chunk]:
-        """Chunks for a cursor, most relevant last (nearest the file), within budget_chars."""
+                 candidates=(), min_similarity: float = SIMILAR_FLOOR) -> list[Chunk]:
+        """Chunks for a cursor, most relevant last (nearest the file), within budget_chars;
+        similar windows only from min_similarity (Jaccard with the neighbourhood) up."""
+        if budget_chars <= 0:
+            return []
         before_lines = before.split("\n")
         neighbourhood = "\n".join(before_lines[-NEIGHBOURHOOD_LINES:] + after.split("\n")[: NEIGHBOURHOOD_LINES // 3])
         near = words(neighbourhood)
         with self.lock:
-            found = (self._definitions_used(before_lines, path) + self._similar(near, path)
+            found = (self._definitions_used(before_lines, path) + self._similar(near, path, min_similarity)
                      + self._recent(path) + self._candidate_lines(candidates, path))
         return _pack(found, near, budget_chars)
 
@@ -145,7 +149,7 @@ class Retriever:
                 chunks.append(self._chunk(d.path, d.start, min(d.end, d.start + DEFINITION_LINES), "definition", score))
         return chunks
 
-    def _similar(self, near: frozenset, path: str | None, k: int = 4) -> list[Chunk]:
+    def _similar(self, near: frozenset, path: str | None, floor: float, k: int = 4) -> list[Chunk]:
         limit = max(8, COMMON_WORD_SHARE * self.window_count)
         shared = {}
         for word in near:
@@ -157,7 +161,7 @@ class Retriever:
         best = sorted(shared, key=lambda key: (-shared[key], key))[: 8 * k]  # ties by place, not by hash order
         scored = sorted(((jaccard(near, self.windows[p][n].words), p, n) for p, n in best), reverse=True)[:k]
         return [self._chunk(p, self.windows[p][n].start, self.windows[p][n].end, "similar", score)
-                for score, p, n in scored if score > 0.05]
+                for score, p, n in scored if score > floor]
 
     def _recent(self, path: str | None) -> list[Chunk]:
         chunks = []

@@ -16,6 +16,23 @@ def _model_arguments(parser, repo_help: str) -> None:
     parser.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                         help="do not compute, while idle, the completion that would follow accepting the one "
                              "just returned (requests may also say so: \"prefetch\": false)")
+    parser.add_argument("--context-tokens", type=_tokens, metavar="N",
+                        help="prompt tokens kept for code retrieved from the repository (default: "
+                             f"{_default_context_tokens()}; 0: none, requests may also say \"context\": \"none\")")
+
+
+def _tokens(text: str) -> int:
+    import argparse
+
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of tokens, 0 or more")
+    return int(text)
+
+
+def _default_context_tokens() -> int:
+    from specdec.retrieval import ContextSettings
+
+    return ContextSettings.tokens
 
 
 @dataclass(frozen=True)
@@ -38,7 +55,8 @@ class ServeCommand:
 
         settings = Settings.from_env(host=args.host, port=args.port, api_key=args.api_key, repo=args.repo,
                                      target=args.target, draft=args.draft, fim_mode=args.fim_mode,
-                                     quantize=args.quantize, prefetch=args.prefetch)
+                                     quantize=args.quantize, prefetch=args.prefetch,
+                                     context_tokens=args.context_tokens)
         if not args.expert_parallel:
             # A FIM order the target's family lacks, or a quantization its device lacks, is
             # refused here, as a CLI error, not in startup.
@@ -87,12 +105,14 @@ class LspCommand:
 
         from specdec import Engine
         from specdec_server.lsp import run
+        from specdec_server.settings import context_settings
 
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # stdout carries the protocol
         if args.tcp and not args.tcp.rpartition(":")[2].isdigit():
             raise ValueError(f"--tcp {args.tcp!r}: expected HOST:PORT")
         engine = Engine.from_pretrained(args.target, args.draft, repo=args.repo, fim_mode=args.fim_mode,
-                                        quantize=args.quantize, prefetch=args.prefetch)
+                                        quantize=args.quantize, prefetch=args.prefetch,
+                                        context=context_settings(args.context_tokens))
         return run(engine, args.repo, args.tcp)
 
 

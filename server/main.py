@@ -17,7 +17,7 @@ from specdec_server.bridge import EngineBridge
 from specdec_server.errors import ApiError
 from specdec_server.longlived import freeze_what_is_loaded, return_freed_caches, unfreeze
 from specdec_server.metrics import Metrics
-from specdec_server.settings import Settings
+from specdec_server.settings import Settings, context_settings
 
 log = logging.getLogger("specdec.server")
 OPEN_PATHS = {"/health"}
@@ -52,6 +52,8 @@ def create_app(settings: Settings, engine=None) -> FastAPI:
             state.engine = load_engine(settings)
         state.engine.set_limits(max_batch=settings.max_batch, max_queue=settings.max_queue)
         state.engine.set_prefetch(settings.prefetch)
+        if settings.context_tokens is not None:
+            state.engine.set_context(context_settings(settings.context_tokens))
         state.bridge = EngineBridge(state.engine, state.metrics)  # warms the engine up and starts its loop
         if settings.repo is not None and state.engine.index is None:
             threading.Thread(target=_build_index, args=(state,), daemon=True, name="index-build").start()

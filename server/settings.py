@@ -26,6 +26,7 @@ class Settings:
     max_batch: int = 16
     max_index_file_bytes: int = 2 << 20
     prefetch: bool = True  # compute the request after an accept while idle (specdec.prefetch)
+    context_tokens: int | None = None  # prompt tokens for retrieved repository code; None: the engine's default
 
     @classmethod
     def from_env(cls, **overrides) -> "Settings":
@@ -41,3 +42,10 @@ class Settings:
         if not settings.index_roots and settings.repo is not None:
             settings.index_roots = [Path(settings.repo).resolve()]
         return settings
+
+
+def context_settings(tokens: int | None):
+    """The engine's repository-context settings with `tokens` for its budget (None: the defaults)."""
+    from specdec.retrieval import ContextSettings
+
+    return ContextSettings() if tokens is None else ContextSettings(tokens=tokens)

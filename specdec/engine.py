@@ -28,7 +28,7 @@ from specdec.policy import PolicyBook
 from specdec.prefetch import PrefetchCounts, Prefetcher
 from specdec.prompt_cache import PromptCache
 from specdec.quantize import loads_packed, quantize_target
-from specdec.retrieval import StableContext
+from specdec.retrieval import ContextSettings, StableContext
 from specdec.scheduler import Scheduler
 
 log = logging.getLogger("specdec.engine")
@@ -64,13 +64,15 @@ class EngineMetrics:
 
 class Engine:
     def __init__(self, target, draft=None, index=None, *, head=None, max_tree_nodes: int = 64, draft_depth: int = 8,
-                 adaptive: bool = True, warm_up: bool = True, fim_mode: str | None = None, prefetch: bool = True):
+                 adaptive: bool = True, warm_up: bool = True, fim_mode: str | None = None, prefetch: bool = True,
+                 context: ContextSettings | None = None):
         """adaptive=False always speculates with every node the sources offer (up to the budget):
         for tests and measurements of speculation itself; True decides by measured speed.
         warm_up=False defers the hardware measurements to an explicit warm_up() call.
         fim_mode overrides the order named in the target's config.json (psm, spm, suffix_first).
         prefetch=False never computes the request after an accept ahead (specdec.prefetch); it
-        runs only on a started engine (a server), whose loop has idle time to give it."""
+        runs only on a started engine (a server), whose loop has idle time to give it.
+        context: how much repository context a prompt gets from the index (specdec.retrieval)."""
         if target.tokenizer is None:
             raise ValueError(f"{target.path}: the target model has no tokenizer.json")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -86,7 +88,7 @@ class Engine:
         self.prompt_cache = PromptCache()
         self.policies = PolicyBook()
         self.history = SuggestionHistory()
-        self.contexts = StableContext()
+        self.contexts = StableContext(context)
         self.prefetcher = Prefetcher(enabled=prefetch)
         self.max_tree_nodes, self.draft_depth = max_tree_nodes, draft_depth
         self.adaptive = adaptive
@@ -160,6 +162,10 @@ class Engine:
     def set_prefetch(self, enabled: bool) -> None:
         """Turn prefetching after an accept on or off (off drops the jobs queued)."""
         self.prefetcher.set_enabled(enabled)
+
+    def set_context(self, settings: ContextSettings) -> None:
+        """How much repository context later prompts get; the contexts chosen so far are dropped."""
+        self.contexts = StableContext(settings)
 
     def policies_for(self, document: str | None):
         """(the document's SpeculationPolicy, the global prior); the same object twice for None."""
@@ -246,8 +252,9 @@ class Engine:
         self.target.reset_expert_load()
 
     def prompt_for(self, prefix: str, suffix: str = "", path: str | None = None, fim_mode: str | None = None):
-        """The Prompt (ids, healing, truncation) this engine would prefill for a cursor."""
-        return self.prompts.build(prefix, suffix, path=path, fim_mode=fim_mode)
+        """The Prompt (ids, healing, truncation) this engine would prefill for a cursor without
+        repository context (`path` names the file; only a prompt with context carries it)."""
+        return self.prompts.build(prefix, suffix, fim_mode=fim_mode)
 
     @property
     def tokenizer(self):

@@ -143,11 +143,16 @@ class PromptBuilder:
         return ids[len(head) :] if ids[: len(head)] == head else ids
 
     def build(self, prefix: str, suffix: str = "", extra=(), path: str | None = None, heal: bool = True,
-              reserve: int = 0, fim_mode: str | None = None) -> Prompt:
+              reserve: int = 0, fim_mode: str | None = None, repo: str | None = None) -> Prompt:
         """reserve: tokens kept for the context chunks however long the file is (a fixed number,
         so that the prefix's cut, and with it the prompt cache, stays put keystroke after keystroke);
-        fim_mode: this prompt's order, one the family has (checked at submit), None for the builder's."""
-        budget = self.max_tokens - FIXED_TOKENS - min(reserve, self.max_tokens // 2)
+        fim_mode: this prompt's order, one the family has (checked at submit), None for the builder's;
+        repo and path: the repository's name and the file's path in it, for the family's repository
+        format (Qwen2.5-Coder's `<|repo_name|>name` line first, then `<|file_sep|>path` before the
+        file's own FIM tokens), where the family has its tokens; None leaves that header out."""
+        opening, file_header = self._repository_header(repo, path)
+        fixed = FIXED_TOKENS + len(opening) + len(file_header)
+        budget = self.max_tokens - fixed - min(reserve, self.max_tokens // 2)
         suffix_ids = self._suffix_within(suffix, budget)
         keep_suffix = min(len(suffix_ids), budget // 4)
         prefix_ids, truncated, sized_by = self._prefix_within(prefix, budget - keep_suffix, budget - len(suffix_ids))
@@ -156,17 +161,27 @@ class PromptBuilder:
         healed = ""
         if heal and prefix_ids:
             prefix_ids, healed = self._heal(prefix_ids)
-        room = self.max_tokens - FIXED_TOKENS - len(prefix_ids) - len(suffix_ids)
+        room = self.max_tokens - fixed - len(prefix_ids) - len(suffix_ids)
         # The context's room is sized as the cut is, from the lines above the cursor's, in steps
         # of 128 tokens: the room left by the prefix's own tokens would shrink keystroke by
         # keystroke and drop a chunk at the prompt's front, which is a prefill of the whole prompt.
-        steady = self.max_tokens - FIXED_TOKENS - len(suffix_ids) - -(-sized_by // 128) * 128
+        steady = self.max_tokens - fixed - len(suffix_ids) - -(-sized_by // 128) * 128
         context = self._context(extra, min(room, max(reserve, steady)))
         truncated |= context[1]
         bos = [self.special[self.format.bos]] if self.format.bos in self.special else []
         ordered = self._ordered(prefix_ids, suffix_ids, fim_mode or self.fim_mode)
-        return Prompt(bos + context[0] + ordered, healed, self.healing(healed), truncated, context[2],
-                      len(context[0]))
+        return Prompt(bos + opening + context[0] + file_header + ordered, healed, self.healing(healed), truncated,
+                      context[2], len(context[0]))
+
+    def _repository_header(self, repo: str | None, path: str | None) -> tuple[list[int], list[int]]:
+        """(the `<|repo_name|>name` line, the `<|file_sep|>path` line) of the repository format;
+        each empty where its name is None, and both where the family has no such layout."""
+        fmt, special = self.format, self.special
+        if fmt.repo_name not in special or fmt.file_sep not in special:
+            return [], []
+        opening = [special[fmt.repo_name], *self.encode(f"{repo}\n")] if repo else []
+        file_header = [special[fmt.file_sep], *self.encode(f"{path}\n")] if path else []
+        return opening, file_header
 
     def _ordered(self, prefix_ids: list[int], suffix_ids: list[int], fim_mode: str) -> list[int]:
         fmt, sp = self.format, self.special
@@ -291,8 +306,9 @@ class PromptBuilder:
         chunks, separator = [], self.special.get(self.format.file_sep)
         for item in extra:
             filename, text = (item["filename"], item["text"]) if isinstance(item, dict) else item
-            if separator is not None:
-                chunks.append([separator, *self.pieces.encode(f"{filename}\n{text}")[0]])
+            if separator is not None:  # each file's text ends in a newline before the next separator
+                ending = "" if text.endswith("\n") else "\n"
+                chunks.append([separator, *self.pieces.encode(f"{filename}\n{text}{ending}")[0]])
             else:  # a family without repository tokens reads a path comment before each chunk
                 chunks.append(list(self.pieces.encode(f"{self.format.comment} {filename}\n{text}\n")[0]))
         out, truncated, kept = [], False, 0

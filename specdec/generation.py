@@ -39,7 +39,6 @@ from specdec.history import MATCH_LENGTHS, SELF_SEARCH_CHARS
 from specdec.model import Segment
 from specdec.options import CompletionOptions
 from specdec.policy import learn_acceptance, learn_draft, speed_key
-from specdec.retrieval import CONTEXT_RESERVE_TOKENS
 from specdec.stats import Stats
 from specdec.stops import StopCut, rules_for
 from specdec.tree import TokenTree
@@ -192,12 +191,15 @@ class Generation:
     def begin(self) -> None:
         """Build the prompt and take its longest cached prefix; the rest is fed by prefill_segment()."""
         engine, options = self.engine, self.options
-        extra, reserve = options.extra, 0
-        if options.context == "auto" and engine.index is not None:
+        extra, reserve, repo, path = options.extra, 0, None, None
+        settings = engine.contexts.settings
+        if options.context == "auto" and engine.index is not None and settings.tokens:
             retrieved, self.stats.retrieval_ms = engine.contexts.chunks(engine.index, options)
-            extra, reserve = tuple(options.extra) + retrieved, CONTEXT_RESERVE_TOKENS
-        self.prompt = engine.prompts.build(options.prefix, options.suffix, extra, options.path, reserve=reserve,
-                                           fim_mode=options.fim_mode)
+            extra, reserve = tuple(options.extra) + retrieved, settings.tokens
+            if settings.repository_format:
+                repo, path = engine.index.name, engine.index.relative(options.path) if options.path else None
+        self.prompt = engine.prompts.build(options.prefix, options.suffix, extra, path, reserve=reserve,
+                                           fim_mode=options.fim_mode, repo=repo)
         self.stats.context_chunks, self.stats.context_tokens = self.prompt.context_chunks, self.prompt.context_tokens
         self.healing = self.prompt.healing
         self.committed = ids = list(self.prompt.ids)

@@ -13,15 +13,36 @@ the context at about one line in four, each change a prefill of the whole prompt
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from specdec.fim import settled_newline
 
-CONTEXT_RESERVE_TOKENS = 512  # of the prompt kept for retrieved chunks however long the file is
 CHARS_PER_TOKEN = 3.5  # code, with the default tokenizer: turns the token budget into characters
 REFRESH_LINES = 12  # new lines above the cursor after which the context is chosen again
 ANCHOR_CHARS = 400  # text before the line a context was chosen at, looked for in later prefixes
 SEARCH_CHARS_PER_LINE = 200  # how far back the anchor is looked for, per line typed since
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """How much repository context a prompt gets, and how relevant it must be.
+
+    tokens: of the prompt kept for retrieved chunks however long the file is (0: none retrieved);
+    min_similarity: a similar window's token-set Jaccard with the cursor's neighbourhood below
+    which it stays out (definitions of the names used near the cursor are always relevant);
+    repository_format: the family's repository header (`<|repo_name|>` and the file's own
+    `<|file_sep|>path` line) around the chunks, as the family was trained on it."""
+
+    tokens: int = 512
+    min_similarity: float = 0.05
+    repository_format: bool = True
+
+    def __post_init__(self):
+        if self.tokens < 0:
+            raise ValueError("context tokens must be >= 0")
+        if not 0 <= self.min_similarity <= 1:
+            raise ValueError("context min_similarity must be in [0, 1]")
 
 
 class ChosenContext(NamedTuple):
@@ -48,7 +69,8 @@ class ChosenContext(NamedTuple):
 class StableContext:
     """document -> ChosenContext, an LRU of the latest documents."""
 
-    def __init__(self, max_documents: int = 256):
+    def __init__(self, settings: ContextSettings | None = None, max_documents: int = 256):
+        self.settings = settings or ContextSettings()
         self._chosen: OrderedDict = OrderedDict()  # document -> ChosenContext
         self.max_documents = max_documents
         self._lock = threading.Lock()
@@ -65,7 +87,8 @@ class StableContext:
                 self._chosen.move_to_end(document)
                 return held.chunks, 0.0
         started = time.perf_counter()
-        found = index.retrieve(above, options.suffix, path=path, budget_chars=int(CONTEXT_RESERVE_TOKENS * CHARS_PER_TOKEN))
+        found = index.retrieve(above, options.suffix, path=path, budget_chars=int(self.settings.tokens * CHARS_PER_TOKEN),
+                               min_similarity=self.settings.min_similarity)
         chunks = tuple((c.path, c.text) for c in found)
         millis = (time.perf_counter() - started) * 1000
         with self._lock:

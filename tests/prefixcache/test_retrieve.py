@@ -5,7 +5,7 @@ import pytest
 
 from prefixcache import Index
 from specdec import Engine, load_model
-from specdec.retrieval import REFRESH_LINES
+from specdec.retrieval import REFRESH_LINES, ContextSettings
 
 STORE = '''import redis
 
@@ -73,6 +73,65 @@ def test_recent_edits_of_other_files_are_offered(repo):
     index.update("pkg/store.py", STORE + "\n    def delete_item(self, key):\n        self.redis_client.delete(key)\n")
     chunks = index.retrieve("import os\n\n\ndef unrelated():\n    ", "", path="pkg/other.py", budget_chars=4000)
     assert any(c.kind == "recent" and "delete_item" in c.text for c in chunks)
+
+
+def test_a_cut_that_is_no_edit_is_not_offered_as_recent(repo):
+    index = Index.build(repo, workers=1)
+    assert index.prepare_retrieval() > 0
+    index.update("pkg/store.py", STORE[: STORE.index("    def put_item")], edited=False)
+    index.update("pkg/store.py", STORE, edited=False)
+    chunks = index.retrieve("import os\n\n\ndef unrelated():\n    ", "", path="pkg/other.py", budget_chars=4000)
+    assert not any(c.kind == "recent" for c in chunks)
+
+
+def test_similar_windows_below_the_floor_stay_out(repo):
+    index = Index.build(repo, workers=1)
+    before = "def total_of(rows):\n    total = sum(row.amount for row in rows)\n    "
+    loose = index.retrieve(before, "", path="pkg/new.py", budget_chars=4000, min_similarity=0.0)
+    scores = [c.score for c in loose if c.kind == "similar"]
+    assert scores, [c.kind for c in loose]
+    floor = (min(scores) + max(scores)) / 2 if min(scores) < max(scores) else max(scores)
+    strict = index.retrieve(before, "", path="pkg/new.py", budget_chars=4000, min_similarity=floor)
+    assert all(c.score > floor for c in strict if c.kind == "similar")
+    assert len([c for c in strict if c.kind == "similar"]) < len(scores)
+
+
+def test_context_settings_size_and_shape_the_prompt(repo, tiny_models):
+    index = Index.build(repo, workers=1)
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), index)
+    wide = engine.complete(APP, "\n", max_tokens=2, path="pkg/app.py")
+    engine.set_context(ContextSettings(tokens=8))  # room for no chunk
+    narrow = engine.complete(APP, "\n", max_tokens=2, path="pkg/app.py")
+    assert wide.stats.context_chunks > 0 and narrow.stats.context_chunks == 0 and narrow.stats.retrieval_ms > 0
+    engine.set_context(ContextSettings(tokens=0))
+    off = engine.complete(APP, "\n", max_tokens=2, path="pkg/app.py")
+    assert off.stats.context_chunks == 0 and off.stats.retrieval_ms == 0.0
+    with pytest.raises(ValueError, match="tokens"):
+        ContextSettings(tokens=-1)
+
+
+def test_the_prompt_names_the_repository_and_the_file_only_with_context(repo, tiny_models):
+    index = Index.build(repo, workers=1)
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), index)
+    tokenizer = engine.prompts.tokenizer
+    header = tokenizer.encode(f"<|repo_name|>{repo.name}\n", add_special_tokens=False).ids
+    file_line = tokenizer.encode("<|file_sep|>pkg/app.py\n", add_special_tokens=False).ids
+
+    def prompt(context: str = "auto") -> list[int]:
+        engine.prompt_cache.clear()
+        engine.complete(APP, "\n", max_tokens=1, path="pkg/app.py", context=context, strategy="ar")
+        return engine.prompt_cache.entries[-1].tokens.tolist()  # the prompt and the token generated
+
+    named, unnamed = prompt(), prompt("none")
+    engine.set_context(ContextSettings(repository_format=False))
+    bare = prompt()
+    assert named[: len(header)] == header and _contains(named, file_line)
+    for ids in (unnamed, bare):
+        assert ids[: len(header)] != header and not _contains(ids, file_line)
+
+
+def _contains(ids: list[int], part: list[int]) -> bool:
+    return any(ids[i : i + len(part)] == part for i in range(len(ids) - len(part) + 1))
 
 
 def test_context_stays_the_same_while_typing_on_near_the_line_it_was_chosen_for(repo, tiny_models):

@@ -179,9 +179,10 @@ def _family_tokenizer(specials, split: str | None = None):
 
 FAMILIES = {  # name: (special tokens, the family's default prompt for prefix P, suffix S, a context chunk)
     "qwen": (["<|endoftext|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>",
-              "<|file_sep|>"], "<|file_sep|>util.py\nx = 1<|fim_prefix|><|fim_suffix|>{S}<|fim_middle|>{P}"),
+              "<|file_sep|>"], "<|repo_name|>demo\n<|file_sep|>util.py\nx = 1\n<|file_sep|>area.py\n"
+                                "<|fim_prefix|><|fim_suffix|>{S}<|fim_middle|>{P}"),
     "starcoder": (["<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<repo_name>",
-                   "<file_sep>"], "<file_sep>util.py\nx = 1<fim_prefix>{P}<fim_suffix>{S}<fim_middle>"),
+                   "<file_sep>"], "<file_sep>util.py\nx = 1\n<fim_prefix>{P}<fim_suffix>{S}<fim_middle>"),
     "deepseek": (["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜fim▁hole｜>", "<｜fim▁begin｜>", "<｜fim▁end｜>"],
                  "# util.py\nx = 1\n<｜fim▁begin｜>{P}<｜fim▁hole｜>{S}<｜fim▁end｜>"),
     "codestral": (["<s>", "</s>", "[INST]", "[/INST]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]"],
@@ -195,7 +196,7 @@ def test_each_familys_prompt_is_its_documented_string():
         tokenizer = _family_tokenizer(specials)
         builder = PromptBuilder(tokenizer, None)
         assert builder.format.name == name
-        prompt = builder.build(prefix, suffix, extra=[("util.py", "x = 1")], heal=False)
+        prompt = builder.build(prefix, suffix, extra=[("util.py", "x = 1")], heal=False, repo="demo", path="area.py")
         expected = tokenizer.encode(documented.format(P=prefix, S=suffix), add_special_tokens=False).ids
         assert prompt.ids == expected, name
         eot = {"qwen": "<|endoftext|>", "starcoder": "<|endoftext|>", "deepseek": "<｜end▁of▁sentence｜>",
