@@ -132,10 +132,15 @@ class Eagle3Head(nn.Module):
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.packed = False  # its products on 8-bit blocks (pack_for_cpu)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype  # the norms stay floats when the matrices are packed
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         c = self.config
-        return KVCache(1, c.num_kv_heads, c.head_dim, dtype=self.fc.weight.dtype, device=self.fc.weight.device,
+        return KVCache(1, c.num_kv_heads, c.head_dim, dtype=self.dtype, device=self.norm.weight.device,
                        capacity=capacity)
 
     @under_inference_mode
@@ -170,8 +175,30 @@ def target_weight(target, name: str) -> torch.Tensor:
     return GgufCheckpoint(Path(target.path)).float_tensor(name)
 
 
+def pack_for_cpu(head: Eagle3Head, target) -> bool:
+    """Run a head's products on 8-bit blocks, as its packed target's: each matrix packed, the
+    embedding read from the target's packed one. True when it did; a head whose widths are not
+    whole blocks, an unpacked target or no native library leaves the head as it was.
+
+    A drafting step is a few one-row products, where reading fp32 weights costs four bytes per
+    weight; packed they cost one. Drafts stay drafts: the output is still the target's own."""
+    from specdec.packed import PackedEmbedding, PackedLinear, packs
+    from specdec_kernels import cpu_decode
+
+    lib = cpu_decode.library() if getattr(target, "packed", None) else None
+    linears = {name: module for name, module in head.named_modules() if isinstance(module, nn.Linear)}
+    if lib is None or head.dtype != torch.float32 or not all(packs(m.weight) for m in linears.values()):
+        return False
+    for name, module in linears.items():
+        parent_name, _, child = name.rpartition(".")
+        setattr(head.get_submodule(parent_name) if parent_name else head, child, PackedLinear(module.weight, lib))
+    head.embed_tokens = PackedEmbedding(target.packed["embed"])
+    return True
+
+
 def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
-    """An EAGLE-3 head directory; the target's embedding is used when the head has none."""
+    """An EAGLE-3 head directory; the target's embedding is used when the head has none. With a
+    packed target the head's products run packed too (pack_for_cpu)."""
     path = Path(path)
     raw = json.loads((path / "config.json").read_text())
     config = Eagle3Config.from_dict(raw)
@@ -195,7 +222,10 @@ def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
         raise ConfigError(f"{path}: the head reads hidden states of width {config.target_hidden_size}; "
                           f"the target's are {target.config.hidden_size}")
     head.path = path
-    return head.eval()
+    head.eval()
+    if target is not None:
+        head.packed = pack_for_cpu(head, target)
+    return head
 
 
 class EagleRunner:
@@ -214,7 +244,7 @@ class EagleRunner:
         self.cache = cache if cache is not None else head.new_cache()
         width = 3 * head.config.target_hidden_size
         # Rows live in a buffer grown by doubling: appending a step's rows copies only them.
-        self._rows = features if features is not None else torch.zeros(0, width, dtype=head.fc.weight.dtype)
+        self._rows = features if features is not None else torch.zeros(0, width, dtype=head.dtype)
         self._length = len(self._rows)
         self.synced = synced if cache is not None else 0
         self.cache.truncate(self.synced)

@@ -11,9 +11,11 @@ Rows are packed first (PackedRows: concatenated for the fused qkv, permuted for 
 then laid out in the kernels' tiles of 16 rows (PackedMatrix).
 """
 
+import ctypes
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from specdec_kernels import cpu_decode
 
@@ -166,3 +168,48 @@ def model_matrices(rows: dict, num_layers: int, tied: bool) -> dict:
         for part in ("gate", "up", "down"):
             matrices[f"{i}.{part}"] = PackedMatrix(take(at + f"mlp.{part}_proj.weight"))
     return matrices
+
+
+class PackedLinear(torch.nn.Module):
+    """y = x W^T with W packed in 8-bit blocks, through the native library's integer products
+    (specdec_qgemm): a small model's one-row products (an EAGLE-3 head's drafting steps) read a
+    byte per weight instead of four. Inference only; activations are quantized per block of 32
+    as the native step's are."""
+
+    def __init__(self, weight: torch.Tensor, lib):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.matrix = PackedMatrix(from_floats(weight.detach().float().numpy()))
+        self.lib, self.desc = lib, ctypes.byref(self.matrix.desc)
+        self.kernel = cpu_decode.QKERNELS[cpu_decode.qkernel() or "portable"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float().contiguous()
+        out = torch.empty(flat.shape[0], self.out_features)
+        if self.lib.specdec_qgemm(self.desc, flat.data_ptr(), flat.shape[0], out.data_ptr(), self.kernel,
+                                  torch.get_num_threads()):
+            raise MemoryError("the packed product could not allocate its scratch memory")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+class PackedEmbedding(torch.nn.Module):
+    """Rows of a packed matrix looked up as floats: a head reads its target's packed embedding
+    in place, not a float copy of it (a 0.5B model's is 545 MB in fp32)."""
+
+    def __init__(self, matrix: PackedMatrix):
+        super().__init__()
+        self.matrix = matrix
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        m, rows = self.matrix, ids.reshape(-1).numpy()
+        tile, within = rows // TILE, rows % TILE
+        q = m.q[tile, :, :, within, :].reshape(len(rows), -1, BLOCK).astype(np.float32)  # [n, blocks, 32]
+        values = (q - m.zero[rows].astype(np.float32)[:, None, None]) * m.scale[tile, :, within][:, :, None]
+        if m.offset is not None:
+            values += m.offset[tile, :, within][:, :, None]
+        return torch.from_numpy(values.reshape(*ids.shape, m.cols))
+
+
+def packs(weight: torch.Tensor) -> bool:
+    """Whether a weight can be packed: its columns in whole blocks of 32."""
+    return weight.dim() == 2 and weight.shape[1] % BLOCK == 0

@@ -5,6 +5,9 @@
     python -m specdec.training head [--tokens 4e6]        # an EAGLE-3 head on runs/target's features
     python -m specdec.training features --teacher FILE.gguf --tokens 2e6   # a real target's features, kept
     python -m specdec.training head --teacher FILE.gguf --features runs/features --name head-qwen
+    python -m specdec.training features --teacher FILE.gguf --held-out --name features-held-out --tokens 3e4
+    python -m specdec.training agreement --teacher FILE.gguf --features runs/features-held-out --name head-qwen
+    python -m specdec.training export-head --teacher FILE.gguf --name head-qwen --out DIR
     python -m specdec.training export                     # both into specdec/default_models
     python -m specdec.training pack --tokens 30e6         # packed corpus for a machine without network
     python -m specdec.training target --device cuda --data runs/packed.npz --batch-size 128 --tokens 300e6
@@ -47,7 +50,8 @@ MODELS = Path(__file__).resolve().parents[1] / "default_models"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdec.training", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=("target", "draft", "head", "features", "export", "pack"))
+    parser.add_argument("stage", choices=("target", "draft", "head", "features", "export", "pack", "agreement",
+                                          "export-head"))
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="checkpoints, logs, corpus cache")
     parser.add_argument("--out", type=Path, default=MODELS, help="export directory")
     parser.add_argument("--shape", choices=sorted(TARGET_SHAPES), default=DEFAULT_SHAPE)
@@ -72,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--features", type=Path, help="head: train on this feature store (made by the features "
                              "stage) instead of running the teacher on every batch")
     parser.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB, help="head: tokens of its vocabulary")
+    parser.add_argument("--rows", type=int, default=16, help="agreement: feature rows measured on")
+    parser.add_argument("--held-out", action="store_true",
+                        help="features: rows of the held-out packages (what agreement measures a head on)")
     return parser
 
 
@@ -91,6 +98,8 @@ def main(argv=None) -> int:
         return 0
     if args.stage == "features":
         return _extract_features(args)
+    if args.stage in ("agreement", "export-head"):
+        return _measure_head(args) if args.stage == "agreement" else _export_head(args)
     if args.stage == "head" and args.features:
         return _train_head_on_features(args)
     run_dir = args.runs / (args.name or args.stage)
@@ -140,9 +149,10 @@ def _extract_features(args) -> int:
     # The default mix is mostly SPM, the order Qwen is served in (fim_formats.QWEN): the head
     # reads the features of prompts laid out as the ones it will draft for.
     settings = FeatureSettings(target=target_identity(args.teacher), capture=tuple(capture),
-                               hidden=teacher.config.hidden_size, seq_len=args.seq_len, seed=args.seed, mix=args.mix)
+                               hidden=teacher.config.hidden_size, seq_len=args.seq_len, seed=args.seed,
+                               mix=args.mix + ("+held-out" if args.held_out else ""))
     store = FeatureStore.open(args.runs / (args.name or "features"), settings)
-    maker = _sample_maker(args, teacher.tokenizer)
+    maker = _sample_maker(args, teacher.tokenizer, held_out=args.held_out)
     rows = int((args.tokens or 2e6) // args.seq_len)
     done = extract(teacher, lambda i: maker.batch(i, 1, args.seq_len)[0], store, rows, args.max_minutes)
     log.info("features: %d rows in %s; %s", store.rows, store.root, "done" if done else "rerun to continue")
@@ -196,13 +206,54 @@ def tokenizer_of_defaults():
     return Tokenizer.from_file(str(MODELS / "target" / "tokenizer.json"))
 
 
-def _sample_maker(args, tokenizer, seed: int | None = None):
+def _sample_maker(args, tokenizer, seed: int | None = None, held_out: bool = False):
+    """The corpus recipe's rows, of the training packages or (held_out) of the held-out ones."""
     # Imported here: a machine that trains from a packed corpus needs neither it nor prefixcache.
     from specdec.training.samples import MIXES, SampleMaker
 
-    train_files, held_out = load_corpus(args.runs / "corpus" / "downloads")
-    log.info("corpus: train %s, held out %s", corpus_summary(train_files), corpus_summary(held_out))
-    return SampleMaker(train_files, tokenizer, seed=args.seed if seed is None else seed, mix=MIXES[args.mix])
+    train_files, held_out_files = load_corpus(args.runs / "corpus" / "downloads")
+    log.info("corpus: train %s, held out %s", corpus_summary(train_files), corpus_summary(held_out_files))
+    return SampleMaker(held_out_files if held_out else train_files, tokenizer, seed=args.seed if seed is None else seed,
+                       mix=MIXES[args.mix])
+
+
+def _trained_head(args):
+    """(the teacher, the head of run --name at its checkpoint, its config) for a features run."""
+    if not args.teacher:
+        raise SystemExit(f"{args.stage}: --teacher (the head's target) is required")
+    run_dir = args.runs / (args.name or "head")
+    state = checkpoint_state(run_dir)
+    if state is None:
+        raise SystemExit(f"{run_dir}: no head checkpoint (train one with the head stage)")
+    teacher = load_model(args.teacher, packed=_packs(args.teacher)).train(False)
+    raw = json.loads((run_dir / "config.json").read_text())
+    head = build_head(raw, teacher)
+    head.load_state_dict(state["model"])
+    return teacher, head.eval(), raw, state
+
+
+def _measure_head(args) -> int:
+    """The head's first- and second-token agreement with its target on a (held-out) feature store."""
+    from specdec.training.eagle3 import store_agreement
+    from specdec.training.features import FeatureStore
+
+    if not args.features:
+        raise SystemExit("agreement: --features (a store extracted with --held-out) is required")
+    teacher, head, _, state = _trained_head(args)
+    report = {"head": args.name, "features": str(args.features), **_trained(state),
+              **store_agreement(head, teacher, FeatureStore.open(args.features), rows=args.rows)}
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _export_head(args) -> int:
+    """The head of run --name in the published layout (bf16), into --out."""
+    if args.out == MODELS:
+        raise SystemExit("export-head: --out DIR is required (the embedded models stay as they are)")
+    _, head, raw, state = _trained_head(args)
+    save_head(head, raw, args.out)
+    log.info("exported the head of %s (step %d) to %s", args.name, state["step"], args.out)
+    return 0
 
 
 def _initial_model(raw: dict, args, run_dir: Path):

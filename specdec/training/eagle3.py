@@ -130,6 +130,36 @@ def _distilled(head: Eagle3Head, teacher: TeacherLogits, h, want):
     return soft + F.cross_entropy(out, best, reduction="sum"), (out.argmax(-1) == best).sum().float()
 
 
+AGREEMENT_CHUNK = 256  # tokens whose full-vocabulary teacher logits exist at once
+
+
+@torch.no_grad()
+def store_agreement(head: Eagle3Head, target, store, rows: int) -> dict:
+    """How often the head's first and second drafted tokens are the target's own next tokens,
+    over `rows` rows of a feature store (held-out code): the target's argmax over its whole
+    vocabulary (its final norm and full LM head on the stored last-layer outputs), so a token
+    outside the draft vocabulary counts as a miss. Also the share of those argmaxes the draft
+    vocabulary holds, the ceiling of any head of that vocabulary."""
+    norm, scaling = target.model.norm, target.config.logits_scaling
+    lm_head = target_weight(target, "lm_head.weight")
+    in_vocab = torch.zeros(head.config.vocab_size, dtype=torch.bool)
+    in_vocab[head.to_target(torch.arange(head.config.draft_vocab_size))] = True
+    hits, covered, total = [0, 0], 0, 0
+    for i in range(min(rows, store.rows)):
+        batch = store.batch_of([i])
+        outputs = _two_steps(head, batch.features, batch.ids)
+        for step, (h, final) in enumerate(zip(outputs, (batch.final[:, 1:-1], batch.final[:, 2:]), strict=True)):
+            drafted = head.to_target(head.lm_head(head.norm(h)).argmax(-1)).flatten()
+            final = final.flatten(0, 1)
+            best = torch.cat([(norm(final[a : a + AGREEMENT_CHUNK]) @ lm_head.T / scaling).argmax(-1)
+                              for a in range(0, len(final), AGREEMENT_CHUNK)])
+            hits[step] += int((drafted == best).sum())
+            if step == 0:
+                covered, total = covered + int(in_vocab[best].sum()), total + len(best)
+    return {"tokens": total, "step0": hits[0] / max(1, total), "step1": hits[1] / max(1, total),
+            "argmax_in_draft_vocabulary": covered / max(1, total)}
+
+
 def _draft_vocabulary_maps(head: Eagle3Head, device):
     """(target ids of the draft vocabulary, each target id's draft id or -100)."""
     kept = head.to_target(torch.arange(head.config.draft_vocab_size, device=device))

@@ -121,7 +121,10 @@ class FeatureStore:
         if self.rows == 0:
             raise FeatureStoreError(f"{self.root}: the store holds no rows yet")
         rng = random.Random(seed * 1_000_003 + step)
-        picked = [rng.randrange(self.rows) for _ in range(batch_size)]
+        return self.batch_of([rng.randrange(self.rows) for _ in range(batch_size)])
+
+    def batch_of(self, picked: list[int]) -> FeatureBatch:
+        """The stored rows `picked`, as one batch."""
         features = torch.stack([self._row("features", i) for i in picked]).float()
         hidden = self.settings.hidden
         return FeatureBatch(torch.stack([self._row("ids", i) for i in picked]).long(), features[..., : 3 * hidden],

@@ -120,3 +120,63 @@ def test_every_strategy_equals_ar_with_an_eagle3_head(tmp_path, tiny_models):
         assert torch.allclose(g.eagle.features, target.captured, atol=1e-4)
     drafted = engine.complete(prompts[0][1], prompts[0][2], strategy="draft", max_tokens=10, mode="multi")
     assert drafted.stats.tree_nodes > drafted.stats.target_passes  # the head proposed tokens
+
+
+@pytest.fixture(scope="module")
+def packed_target_and_head(tmp_path_factory):
+    """A tiny Qwen2 GGUF (Q8_0, packed as it serves) and a random head of its shape, saved as published."""
+    from gguf import GGMLQuantizationType
+
+    from specdec.training.eagle3 import build_head, head_config, save_head
+    from specdec_kernels import cpu_decode
+    from tests.specdec.gguf_files import write_gguf
+    from tests.specdec.test_gguf import tiny_transformers_model
+
+    if cpu_decode.library() is None:
+        pytest.skip("no C compiler for the native step")
+    folder = tmp_path_factory.mktemp("packed_head")
+    model = tiny_transformers_model("qwen2")
+    model.save_pretrained(folder / "hf")
+    file = write_gguf(folder / "qwen2.gguf", model, GGMLQuantizationType.Q8_0)
+    floats = load_model(file)
+    raw = head_config(floats.config)
+    head = build_head(raw, floats, seed=3)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if p.requires_grad and "norm" not in name:
+                p.mul_(10)  # weights large enough that drafts differ from token to token
+    save_head(head, raw, folder / "head")
+    return file, folder / "head"
+
+
+def test_a_head_on_a_packed_target_drafts_on_packed_blocks_as_its_float_self(packed_target_and_head):
+    file, head_dir = packed_target_and_head
+    packed_target, float_target = load_model(file, packed=True), load_model(file)
+    packed, floats = load_eagle3(head_dir, packed_target), load_eagle3(head_dir, float_target)
+    assert packed.packed and not floats.packed
+    assert not any(p.numel() > 10_000 for p in packed.parameters())  # no float copy of the target's embedding
+    width = 3 * float_target.config.hidden_size
+    features, tokens = torch.randn(12, width, generator=torch.Generator().manual_seed(0)), torch.arange(3, 15)
+    got, hidden = packed(tokens, features, torch.arange(1, 13), packed.new_cache())
+    expected, expected_hidden = floats(tokens, features, torch.arange(1, 13), floats.new_cache())
+    # Weights and activations both rounded to 8 bits, through six products in a row: a few percent.
+    assert (got - expected).abs().mean() <= 4e-2 * expected.abs().mean()
+    assert (got - expected).abs().max() <= 8e-2 * expected.abs().max()
+    assert (hidden - expected_hidden).abs().max() <= 8e-2 * expected_hidden.abs().max()
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
+
+
+def test_every_strategy_equals_ar_with_a_packed_head_on_a_packed_target(packed_target_and_head):
+    from specdec import STRATEGIES, Engine
+
+    file, head_dir = packed_target_and_head
+    engine = Engine.from_pretrained(file, head_dir, quantize="auto", adaptive=False)
+    assert engine.target.packed and engine.head.packed
+    prompts = [([5, 77, 260, 3], [299, 41]), ([8, 150, 12, 200, 7], []), ([100, 101, 102, 103, 104, 105], [9])]
+    texts = [(engine.tokenizer.decode(p), engine.tokenizer.decode(s)) for p, s in prompts]
+    reference = [engine.complete(p, s, strategy="ar", max_tokens=12, mode="multi").tokens for p, s in texts]
+    for strategy in STRATEGIES:
+        got = [engine.complete(p, s, strategy=strategy, max_tokens=12, mode="multi").tokens for p, s in texts]
+        assert got == reference, strategy
+    drafted = engine.complete(*texts[0], strategy="draft", max_tokens=12, mode="multi")
+    assert drafted.stats.tree_nodes > drafted.stats.target_passes  # the packed head proposed tokens

@@ -16,6 +16,7 @@ from specdec.training.eagle3 import (
     head_loss,
     head_loss_fn,
     save_head,
+    store_agreement,
     stored_head_loss,
 )
 from specdec.training.features import FeatureSettings, FeatureStore, FeatureStoreError, extract, target_row
@@ -111,14 +112,55 @@ def test_a_head_trains_on_stored_features_as_on_the_live_target(target, tmp_path
     assert stored_head_loss(head, teacher, batch)[0].item() < 0.8 * stored.item()
 
 
+def test_agreement_on_a_store_is_the_live_agreement_against_the_whole_vocabulary(target, tmp_path):
+    store = FeatureStore.open(tmp_path / "store", _settings(target))
+    extract(target, _rows(16, seed=5).__getitem__, store, 16)
+    whole = build_head(head_config(target.config, draft_vocab=target.config.vocab_size), target, seed=2)
+    whole.d2t.zero_()
+    measured = store_agreement(whole, target, store, rows=2)
+    _, (live0, live1) = head_loss(whole, target, store.batch_of([0, 1]).ids)
+    assert measured["tokens"] == 2 * (LENGTH - 2) and measured["argmax_in_draft_vocabulary"] == 1.0
+    assert abs(measured["step0"] - float(live0)) <= 0.05 and abs(measured["step1"] - float(live1)) <= 0.05
+    narrow = build_head(head_config(target.config, draft_vocab=16), target, seed=2)
+    narrow.d2t.copy_(torch.arange(16) * 3)  # target ids 0, 4, 8, ...: most argmaxes lie outside
+    small = store_agreement(narrow, target, store, rows=2)
+    assert small["step0"] <= small["argmax_in_draft_vocabulary"] < 1.0
+
+
 def test_a_head_for_a_packed_target_takes_its_embedding_from_the_file_and_drafts_losslessly(gguf_file, target,
                                                                                               tmp_path):
     packed = load_model(gguf_file, packed=True)
     raw = head_config(packed.config, draft_vocab=64)
     save_head(build_head(raw, packed), raw, tmp_path / "head")
     head = load_eagle3(tmp_path / "head", packed)
-    assert torch.equal(head.embed_tokens.weight, target.model.embed_tokens.weight)  # the file's, dequantized
+    every = torch.arange(packed.config.vocab_size)
+    assert head.packed and torch.equal(head.embed_tokens(every), target.model.embed_tokens.weight)  # the file's
     engine = Engine(packed, head=head, adaptive=False, warm_up=False)
     prompt = "abc abc\nabc ab"
     reference = engine.complete(prompt, "", strategy="ar", max_tokens=8, mode="multi").tokens
     assert engine.complete(prompt, "", strategy="draft", max_tokens=8, mode="multi").tokens == reference
+
+
+def test_the_cli_trains_measures_and_exports_a_head_on_stored_features(gguf_file, target, tmp_path, capsys):
+    import json
+    from dataclasses import replace
+
+    from specdec.training.__main__ import main
+    from specdec.training.features import target_identity
+
+    settings = replace(_settings(target), target=target_identity(gguf_file))
+    store = FeatureStore.open(tmp_path / "runs" / "features", settings)
+    extract(target, _rows(16).__getitem__, store, 16)
+    common = ["--teacher", str(gguf_file), "--runs", str(tmp_path / "runs"), "--name", "head-q", "--threads", "1"]
+    assert main(["head", *common, "--features", str(store.root), "--tokens", str(4 * 2 * LENGTH), "--batch-size", "2",
+                 "--draft-vocab", "64"]) == 0
+    capsys.readouterr()
+    assert main(["agreement", *common, "--features", str(store.root), "--rows", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tokens"] == 2 * (LENGTH - 2) and report["train_steps"] == 4
+    assert 0 <= report["step0"] <= report["argmax_in_draft_vocabulary"] <= 1
+    assert main(["export-head", *common, "--out", str(tmp_path / "head")]) == 0
+    head = load_eagle3(tmp_path / "head", load_model(gguf_file, packed=True))
+    assert head.config.draft_vocab_size == 64 and head.packed
+    with pytest.raises(SystemExit, match="no head checkpoint"):
+        main(["agreement", *common[:-4], "--name", "absent", "--features", str(store.root)])

@@ -152,3 +152,27 @@ def test_packing_is_refused_with_a_clear_error_where_it_cannot_run(qwen2_files, 
     moe = write_gguf(tmp_path / "moe.gguf", model)
     with pytest.raises(ConfigError, match="dense"):
         load_model(moe, packed=True)
+
+
+def test_a_packed_linear_multiplies_as_its_float_weights_within_activation_rounding():
+    from specdec.packed import PackedLinear
+
+    lib = cpu_decode.library()
+    if lib is None:
+        pytest.skip("no C compiler for the native step")
+    weight = torch.from_numpy(RNG.standard_normal((40, 96)).astype(np.float32))
+    x = torch.from_numpy(RNG.standard_normal((2, 3, 96)).astype(np.float32))
+    linear = PackedLinear(weight, lib)
+    expected = x @ torch.from_numpy(from_floats(weight.numpy()).dequantized()).T  # the packed weights' own floats
+    got = linear(x)
+    assert got.shape == (2, 3, 40)
+    assert (got - expected).abs().max() <= 2e-2 * expected.abs().max()
+
+
+def test_a_packed_embedding_gives_the_rows_its_blocks_stand_for():
+    from specdec.packed import PackedEmbedding
+
+    rows = from_floats(RNG.standard_normal((37, 64)).astype(np.float32))  # rows past one tile of 16
+    embedding = PackedEmbedding(PackedMatrix(rows))
+    ids = torch.tensor([[0, 36, 17], [16, 15, 36]])
+    assert torch.equal(embedding(ids), torch.from_numpy(rows.dequantized()[ids.numpy()]))
