@@ -34,8 +34,11 @@ class ContextSettings:
     repository_format: the family's repository header (`<|repo_name|>` and the file's own
     `<|file_sep|>path` line) around the chunks, as the family was trained on it."""
 
-    tokens: int = 512
-    min_similarity: float = 0.05
+    # A little, and only the closely similar: more, or looser, completed no better on flask and
+    # starlette with a real 0.5B model, and cost its prefill on each document's first request
+    # (bench/results/context_quality_*).
+    tokens: int = 128
+    min_similarity: float = 0.3
     repository_format: bool = True
 
     def __post_init__(self):

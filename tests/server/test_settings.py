@@ -9,7 +9,10 @@ from specdec.retrieval import ContextSettings
 from tests.server.conftest import make_server
 from tests.server.test_protocols import VIM_BODY
 
-BODY = dict(VIM_BODY, response_fields=None, input_extra=[])
+# helper, used a line above the cursor, is defined in the repository's pkg/util.py: its definition
+# is what retrieval offers
+BODY = dict(VIM_BODY, response_fields=None, input_extra=[], input_prefix="import os\n\ndef main():\n    value = helper(1)\n",
+            prompt="    files = ")
 
 
 def test_context_tokens_size_the_retrieved_context_and_zero_turns_it_off(models, repo):
