@@ -35,8 +35,9 @@ def main(argv=None) -> int:
     r.add_argument("--max-tokens", type=int, default=64)
     r.add_argument("--target", type=Path)
     r.add_argument("--draft", type=Path)
-    r.add_argument("--quantize", choices=QUANTIZATIONS, default="none",
-                   help="the target's weights as `specdec serve --quantize` takes them")
+    r.add_argument("--quantize", choices=QUANTIZATIONS, default="auto",
+                   help="the target's weights as `specdec serve --quantize` takes them (default auto, as served: "
+                        "a GGUF target packed in 8-bit blocks)")
     r.add_argument("--drafts", default="", metavar="LABEL=DIR,...",
                    help="other drafts for the same target: their draft and hybrid run as draft+LABEL, hybrid+LABEL")
     r.add_argument("--held-out-of", type=Path, metavar="DRAFT_DIR",
