@@ -25,12 +25,8 @@ from prefixcache import Index
 from specdec import Engine, edit_similarity
 from specdec.model_cache import default_target
 from specdec.retrieval import ContextSettings
-from specdec_eval.metrics import exact_match, median, percentile
+from specdec_eval.metrics import exact_match, first_line, median, percentile
 from specdec_eval.points import sample_points
-
-
-def first_line(text: str) -> str:
-    return text.lstrip("\n").split("\n", 1)[0]
 
 
 def parse_variant(name: str) -> tuple[ContextSettings | None, int | None]:

@@ -17,12 +17,8 @@ from pathlib import Path
 
 from specdec import Engine, edit_similarity
 from specdec.model_cache import default_target
-from specdec_eval.metrics import exact_match, median
+from specdec_eval.metrics import exact_match, first_line, median
 from specdec_eval.points import sample_points
-
-
-def first_line(text: str) -> str:
-    return text.lstrip("\n").split("\n", 1)[0]
 
 
 def measure(engine, points, order: str, max_tokens: int, typed: int) -> dict:

@@ -17,5 +17,10 @@ def median(values) -> float:
     return percentile(values, 0.5)
 
 
+def first_line(text: str) -> str:
+    """The completion's first line that holds anything (a block's completion may start with a newline)."""
+    return text.lstrip("\n").split("\n", 1)[0]
+
+
 def exact_match(prediction: str, truth: str) -> bool:
     return prediction.strip() == truth.strip()

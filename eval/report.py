@@ -103,8 +103,11 @@ def _figure(path: Path, title: str, xlabel: str, ylabel: str | None = None):
 
 def _context_row(name: str, s: dict) -> str:
     c, line = s["context"], s.get("first_line") or {}
-    cells = [f"{c['chunks_per_point']:.1f}", f"{c['tokens_per_point']:.0f}"]
-    for timing, digits in ((c.get("retrieval_ms"), 2), (c.get("first_request_ms"), 0)):
-        cells += [f"{timing['p50']:.{digits}f}", f"{timing['p95']:.{digits}f}"] if timing else ["-", "-"]
-    cells[4:4] = [f"{line.get('exact_match', 0):.3f}", f"{line.get('edit_similarity', 0):.3f}"]
+    cells = [f"{c['chunks_per_point']:.1f}", f"{c['tokens_per_point']:.0f}", *_p50_p95(c.get("retrieval_ms"), 2),
+             f"{line.get('exact_match', 0):.3f}", f"{line.get('edit_similarity', 0):.3f}",
+             *_p50_p95(c.get("first_request_ms"), 0)]
     return f"| {name} | {' | '.join(cells)} |"
+
+
+def _p50_p95(timing: dict | None, digits: int) -> list[str]:
+    return [f"{timing['p50']:.{digits}f}", f"{timing['p95']:.{digits}f}"] if timing else ["-", "-"]

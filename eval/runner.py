@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
-from specdec_eval.metrics import edit_similarity, exact_match, median, percentile
+from specdec_eval.metrics import edit_similarity, exact_match, first_line, median, percentile
 from specdec_eval.points import Point
 
 WARMUP_POINTS = 3
@@ -172,11 +172,6 @@ def summarize(records: dict) -> dict:
                          "experts_woken": sum(r.get("experts_woken", 0) for r in rows) / passes if passes else 0.0},
         }
     return out
-
-
-def first_line(text: str) -> str:
-    """The completion's first line that holds anything (a block's completion may start with a newline)."""
-    return text.lstrip("\n").split("\n", 1)[0]
 
 
 def _first_line_quality(rows) -> dict:

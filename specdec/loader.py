@@ -93,6 +93,7 @@ def _load_gguf_packed(path: Path) -> Transformer:
         (rows if isinstance(value, PackedRows) else tensors)[name] = value
     model.load_state_dict(tensors, strict=False, assign=True)
     model.packed = model_matrices(rows, cfg.num_layers, tied="lm_head.weight" not in rows)
+    model.quantization = "blocks"  # what --quantize names it, as int8 names its own
     model.tokenizer, model.path = tokenizer_from_gguf(checkpoint), path
     half_swap(cfg.head_dim, torch.float32, torch.device("cpu"))
     if not native.bind(model):
