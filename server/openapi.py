@@ -20,6 +20,7 @@ def request_bodies(settings: Settings) -> dict:
     sampling = {"temperature": {"type": "number", "minimum": 0, "maximum": 5},
                 "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
                 "top_k": {"type": "integer", "minimum": 0}, "stream": {"type": "boolean"},
+                "ignore_eos": {"type": "boolean"},
                 "context": {"enum": ["auto", "none"]}, "fim_mode": {"enum": [*FIM_MODES, None]}, "stop": stop}
     chunk = {"type": "object", "properties": {"filename": {"type": "string"}, "text": suffix}}
     infill = {"type": "object", "properties": {

@@ -115,7 +115,8 @@ def infill_request(body: dict, settings: Settings) -> dict:
         time_budget_ms=t_max, time_budget_after_newline=False, wait_budget_ms=t_wait,
         use_prompt_cache=_get(body, "cache_prompt", (bool,), True, none_ok=True),
         path=_get(body, "path", (str,), None, none_ok=True), context=_context(body), fim_mode=_fim_mode(body),
-        prefetch=_get(body, "prefetch", (bool,), True, none_ok=True), **_sampling(body, 0.0, True),
+        prefetch=_get(body, "prefetch", (bool,), True, none_ok=True),
+        ignore_eos=_get(body, "ignore_eos", (bool,), False, none_ok=True), **_sampling(body, 0.0, True),
     )
     stream = _get(body, "stream", (bool,), False, none_ok=True)
     slot = _get(body, "id_slot", (int,), -1, none_ok=True)
@@ -178,5 +179,6 @@ def completions_request(body: dict, settings: Settings) -> dict:
     options = _options(prefix=prompt, suffix=suffix, max_tokens=_tokens(body, "max_tokens", 16, settings),
                        stop=_stop_list(body), seed=_get(body, "seed", (int,), 0, none_ok=True),
                        context=_context(body), fim_mode=_fim_mode(body),
-                       prefetch=_get(body, "prefetch", (bool,), True, none_ok=True), **_sampling(body, 0.0, False))
+                       prefetch=_get(body, "prefetch", (bool,), True, none_ok=True),
+                       ignore_eos=_get(body, "ignore_eos", (bool,), False, none_ok=True), **_sampling(body, 0.0, False))
     return {"options": options, "stream": _get(body, "stream", (bool,), False, none_ok=True), "model": model}

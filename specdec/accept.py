@@ -27,6 +27,7 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    banned: tuple = ()  # token ids never picked (llama.cpp's ignore_eos bans the end-of-generation tokens)
 
     @property
     def greedy(self) -> bool:
@@ -78,13 +79,15 @@ def accept(tree: TokenTree, logits: torch.Tensor, s: Sampling, uniforms: Uniform
     of the token that follows the root (sampling draws the uniform of each position); healing:
     the prompt's token healing still to be spelled (fim.Healing), which holds the first nodes. The
     logits may be a CPU forward's numpy view: greedy rows then skip torch's per-op overhead."""
-    if isinstance(logits, np.ndarray) and (healing is not None or not s.greedy):
+    if isinstance(logits, np.ndarray) and (healing is not None or not s.greedy or s.banned):
         logits = torch.from_numpy(logits)  # restricting and sampling work on tensors
     node, nodes = 0, []
     while True:
         row = logits[node]
         if healing is not None:
             row = _restrict(row, healing.allowed)
+        if s.banned:
+            row = _ban(row, s.banned)
         token = _target_token(row, s, uniforms, position + tree.depths[node])
         if healing is not None:
             healing = healing.after(token)
@@ -109,6 +112,12 @@ def greedy_token(row: torch.Tensor) -> int:
 def _restrict(row, allowed):
     masked = torch.full_like(row, float("-inf"))
     masked[allowed] = row[allowed]
+    return masked
+
+
+def _ban(row, banned):
+    masked = row.clone()
+    masked[list(banned)] = float("-inf")
     return masked
 
 

@@ -100,7 +100,8 @@ class Generation:
         self.committed: list[int] = []  # prompt then generated tokens (the target's sequence)
         self.cache = self.draft = self.eagle = self.spare = None
         self._plain = None  # a plain step's token and position tensors, reused (see _root_alone)
-        self.sampling = Sampling(options.temperature, options.top_p, options.top_k)
+        banned = tuple(sorted(engine.prompts.stop_ids)) if options.ignore_eos else ()
+        self.sampling = Sampling(options.temperature, options.top_p, options.top_k, banned)
         self.uniforms = Uniforms(options.seed)
         self.rules = rules_for(options.prefix, options.suffix, options.mode, options.n_indent, options.stop)
         self.generated: list[int] = []

@@ -47,6 +47,7 @@ class CompletionOptions:
     slot: str | None = None  # and so do requests for the same client slot (llama.cpp's id_slot)
     context: str = "auto"  # auto: retrieve repository context when an index is attached; none: only `extra`
     fim_mode: str | None = None  # the prompt's order for this request; None: the engine's (checked against its family at submit)
+    ignore_eos: bool = False  # llama.cpp's: the end-of-generation tokens are never picked; other stop rules still apply
     prefetch: bool = True  # once answered, compute the next request after an accept while idle (specdec.prefetch)
 
     def __post_init__(self):

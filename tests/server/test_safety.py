@@ -1,5 +1,6 @@
 """Auth, limits, malformed input, cancellation, superseding and index updates."""
 
+import contextlib
 import os
 import threading
 import time
@@ -8,7 +9,7 @@ import httpx
 
 from tests.server.conftest import make_server
 
-# At the first column: no dedent can end it, so it runs to its token limit unless superseded.
+# At the first column no dedent can end it; with ignore_eos it runs to its token limit unless cancelled.
 LONG = {"input_prefix": "x = 1\n", "input_suffix": "", "prompt": "", "n_predict": 500, "samplers": [],
         "path": "pkg/long.py"}
 
@@ -49,6 +50,8 @@ def test_malformed_bodies(live):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     r = httpx.post(f"{live.url}/infill", json={"prompt": "x", "temperature": -1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+    r = httpx.post(f"{live.url}/infill", json={"prompt": "x", "ignore_eos": "yes"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "ignore_eos"
 
 
 def test_queue_full_is_429(models, repo):
@@ -64,11 +67,25 @@ def _wait_idle(engine, seconds=10):
     return engine.metrics().queue_depth == 0
 
 
+@contextlib.contextmanager
+def _eager_steps(engine):
+    """The tiny models' native step writes LONG's 500 tokens in tens of milliseconds, which can
+    end a request before the test's next move lands; eager steps keep it running for seconds."""
+    models = (engine.target, engine.draft)
+    bound = [model.native_step for model in models]
+    for model in models:
+        model.native_step = None
+    try:
+        yield
+    finally:
+        for model, native_step in zip(models, bound, strict=True):
+            model.native_step = native_step
+
+
 def test_disconnected_stream_stops_generating(live):
-    # A prompt whose greedy completion by the tiny model runs to the full 500 tokens (checked),
-    # so no stop rule can end it before the disconnect does.
-    body = dict(LONG, stream=True, path="pkg/cancel.py")
-    with httpx.stream("POST", f"{live.url}/infill", json=body, timeout=60) as r:
+    # ignore_eos: the tiny model's own end-of-generation token cannot end it before the disconnect does
+    body = dict(LONG, stream=True, path="pkg/cancel.py", ignore_eos=True)
+    with _eager_steps(live.engine), httpx.stream("POST", f"{live.url}/infill", json=body, timeout=60) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):
                 break  # leave after the first event: the client hangs up
@@ -80,25 +97,19 @@ def test_disconnected_stream_stops_generating(live):
 
 def test_newer_request_supersedes_older(live):
     results = {}
+    body = dict(LONG, ignore_eos=True)
 
     def first():
-        results["first"] = httpx.post(f"{live.url}/infill", json=LONG, timeout=60).json()
+        results["first"] = httpx.post(f"{live.url}/infill", json=body, timeout=60).json()
 
-    # The tiny models' native step writes LONG's tokens in tens of milliseconds, which
-    # can end the first request before the second is sent; eager steps keep it running longer.
-    models = (live.engine.target, live.engine.draft)
-    bound = [model.native_step for model in models]
-    for model in models:
-        model.native_step = None
-    thread = threading.Thread(target=first)
-    thread.start()
-    deadline = time.time() + 10
-    while live.engine.metrics().queue_depth == 0 and time.time() < deadline:
-        time.sleep(0.005)
-    second = httpx.post(f"{live.url}/infill", json=dict(LONG, n_predict=4), timeout=60)
-    thread.join()
-    for model, native_step in zip(models, bound, strict=True):
-        model.native_step = native_step
+    with _eager_steps(live.engine):
+        thread = threading.Thread(target=first)
+        thread.start()
+        deadline = time.time() + 10
+        while live.engine.metrics().queue_depth == 0 and time.time() < deadline:
+            time.sleep(0.005)
+        second = httpx.post(f"{live.url}/infill", json=dict(LONG, n_predict=4), timeout=60)
+        thread.join()
     assert second.status_code == 200
     reasons = [e.stop_reason for e in live.engine.metrics().recent if e.document and e.document.endswith("pkg/long.py")]
     assert "superseded" in reasons

@@ -110,3 +110,42 @@ def test_acceptance_reads_a_numpy_view_of_the_logits_as_it_reads_the_tensor():
             on_tensor = accept(tree, logits, sampling, Uniforms(trial), healing, position=9)
             on_numpy = accept(tree, logits.numpy(), sampling, Uniforms(trial), healing, position=9)
             assert (on_tensor.nodes, on_tensor.bonus) == (on_numpy.nodes, on_numpy.bonus)
+
+
+def test_banned_tokens_are_never_picked_and_the_rest_is_unchanged():
+    """ignore_eos bans tokens: greedy takes the best of the rest, on the tensor and on numpy alike."""
+    from specdec.accept import Uniforms, accept
+    from specdec.tree import TokenTree
+
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(5))
+    favourite = int(logits[0].argmax())
+    runner_up = int(logits[0].topk(2).indices[1])
+    tree = TokenTree(5)
+    tree.add_child(0, runner_up, "draft", 0.5)
+    for sampling in (Sampling(banned=(favourite,)), Sampling(0.7, 1.0, 0, (favourite,))):
+        for rows in (logits, logits.numpy()):
+            got = accept(tree, rows, sampling, Uniforms(1), None, position=0)
+            assert favourite != (tree.tokens[got.nodes[0]] if got.nodes else got.bonus)
+    greedy = accept(tree, logits.numpy(), Sampling(banned=(favourite,)), None)
+    assert greedy.nodes == [1]  # the runner-up, drafted, is accepted once the favourite is banned
+    assert accept(tree, logits.numpy(), Sampling(), None).bonus == favourite
+
+
+def test_ignore_eos_runs_past_the_end_of_generation_losslessly(tiny_models):
+    """With ignore_eos a completion the tiny target ends with an end-of-generation token goes on
+    to its limit, every strategy writing the same tokens."""
+    from tests.helpers import code_prompts
+
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), None, adaptive=False)
+    options = dict(max_tokens=120, mode="multi")
+    ended = [(p, s, r) for _, p, s in code_prompts(20, seed=4)
+             if (r := engine.complete(p, s, strategy="ar", **options)).stats.stop_reason == "eos"]
+    assert ended, "the premise: some prompt ends with an end-of-generation token"
+    prefix, suffix, plain = ended[0]
+    reference = engine.complete(prefix, suffix, strategy="ar", ignore_eos=True, **options)
+    assert len(reference.tokens) > len(plain.tokens)
+    assert reference.tokens[: len(plain.tokens)] == plain.tokens
+    assert not set(reference.tokens) & engine.prompts.stop_ids
+    for strategy in ("draft", "hybrid"):
+        got = engine.complete(prefix, suffix, strategy=strategy, ignore_eos=True, **options)
+        assert got.tokens == reference.tokens, strategy
