@@ -67,15 +67,15 @@ def _run(args, argv) -> int:
     import torch
 
     from prefixcache import Index
-    from specdec import Engine, default_model_dir
+    from specdec import PLAIN, Engine, default_model_dir
     from specdec.retrieval import ContextSettings
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     contexts = tuple(c.strip() for c in args.context.split(",") if c.strip())
     if not contexts or any(c not in ("auto", "none") for c in contexts):
         raise ValueError(f"--context {args.context!r}: expected auto, none or both (auto,none)")
-    if "ar" not in strategies:
-        strategies.insert(0, "ar")
+    if PLAIN not in strategies:
+        strategies.insert(0, PLAIN)
     if not args.repo.is_dir():
         raise ValueError(f"{args.repo}: not a directory")
     points = sample_points(args.repo, args.points, args.seed, args.mode, files=_held_out(args))

@@ -3,6 +3,8 @@
 from contextlib import contextmanager
 from pathlib import Path
 
+from specdec import PLAIN
+
 
 def write_markdown(results: dict, out: Path, command: str) -> None:
     rows = ["| strategy | tau | speedup vs ar | tokens/s | p50 ms | p95 ms | p99 ms | exact | edit sim | identical to ar | accepted (trie/draft/ngram/history/bonus) |",
@@ -57,15 +59,15 @@ def write_plots(results: dict, records: dict, out: Path) -> None:
     with _figure(out / "tau_hist.png", "tau histogram", "tau (tokens per target pass) per completion") as ax:
         for name, rows in records.items():
             taus = [r["generated"] / r["passes"] for r in rows if r["passes"]]
-            if taus and name != "ar":
+            if taus and name != PLAIN:
                 ax.hist(taus, bins=20, alpha=0.5, label=name)
         ax.legend(fontsize=7)
 
     with _figure(out / "speedup_by_length.png", "Speedup by completion length", "completion length (tokens)",
                  "speedup vs ar") as ax:
-        reference = records["ar"]
+        reference = records[PLAIN]
         for name, rows in records.items():
-            if name == "ar":
+            if name == PLAIN:
                 continue
             xs = [a["generated"] for a in reference]
             ys = [a["ms"] / r["ms"] if r["ms"] else 0 for a, r in zip(reference, rows, strict=True)]

@@ -7,13 +7,14 @@ from contextlib import contextmanager
 
 import torch
 
+from specdec import DEFAULT_STRATEGY, PLAIN, STRATEGY_TABLE
 from specdec_eval.metrics import edit_similarity, exact_match, first_line, median, percentile
 from specdec_eval.points import Point
 
 WARMUP_POINTS = 3
 
 
-DRAFTED = ("draft", "hybrid")  # the strategies that another draft changes
+DRAFTED = tuple(name for name, s in STRATEGY_TABLE.items() if s.draft)  # the strategies that another draft changes
 
 
 def variant_name(strategy: str, context: str, contexts, draft: str | None = None) -> str:
@@ -26,7 +27,7 @@ def variant_name(strategy: str, context: str, contexts, draft: str | None = None
 def reference_name(name: str) -> str:
     """`ar` under the same context: what a variant's losslessness and speed are measured against."""
     name = name.split("+", 1)[0]
-    return "ar" + name[name.index("@"):] if "@" in name else "ar"
+    return PLAIN + name[name.index("@"):] if "@" in name else PLAIN
 
 
 def run_points(engine, index, points: list[Point], strategies, max_tokens: int, seed: int, progress=True,
@@ -49,7 +50,7 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
         records.update({name: [] for name in baselines.names})
     for each in engines.values():
         for point in points[:WARMUP_POINTS]:  # warm the caches and lazy measurements, untimed
-            _complete(each, index, point, "hybrid", max_tokens)
+            _complete(each, index, point, DEFAULT_STRATEGY, max_tokens)
         each.reset_expert_load()
         each.forget_history(None)  # the warm-up's completions must not be found again
     for i, point in enumerate(points):
@@ -57,7 +58,7 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
             first = {}  # context -> the first request of this point: (its retrieval ms, its whole prefill ms)
             for label, each in engines.items():
                 for context in contexts:  # prefill the prompt cache, like an editor's earlier keystrokes (each prompt)
-                    warmed = _complete(each, index, point, "hybrid", 0, context)
+                    warmed = _complete(each, index, point, DEFAULT_STRATEGY, 0, context)
                     if label is None:
                         first[context] = (warmed.stats.retrieval_ms, warmed.stats.retrieval_ms + warmed.stats.prefill_ms)
             shown = None
@@ -82,7 +83,7 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
                 record["first_request_ms"] = first_ms
                 records[variant_name(strategy, context, contexts, label)].append(record)
             if baselines:
-                reference = records["ar"][-1]
+                reference = records[PLAIN][-1]
                 for name, record in baselines.run(engine, point, reference).items():
                     records[name].append(record)
         if progress:
@@ -100,7 +101,7 @@ def _typed_along(engine, index, point: Point, max_tokens: int):
     """(the follow-up point after typing the suggestion's first characters, (prefix, suggestion));
     (None, None) when the suggestion is too short to type along."""
     engine.forget_history(None)
-    suggestion = _complete(engine, index, point, "hybrid", max_tokens).text
+    suggestion = _complete(engine, index, point, DEFAULT_STRATEGY, max_tokens).text
     if len(suggestion) <= TYPED_CHARS + 1:
         return None, None
     typed = suggestion[:TYPED_CHARS]
@@ -143,7 +144,7 @@ def _record(point: Point, result) -> dict:
 def summarize(records: dict) -> dict:
     out = {}
     for name, rows in records.items():
-        reference = records[reference_name(name)] if reference_name(name) in records else records["ar"]
+        reference = records[reference_name(name)] if reference_name(name) in records else records[PLAIN]
         passes = sum(r["passes"] for r in rows)
         generated = sum(r["generated"] for r in rows)
         decode_s = sum(r["decode_ms"] for r in rows) / 1000

@@ -20,7 +20,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
-from specdec import STRATEGIES, CompletionOptions
+from specdec import DEFAULT_STRATEGY, STRATEGIES, CompletionOptions
 from specdec_server.longlived import freeze_what_is_loaded, return_freed_caches, unfreeze
 
 log = logging.getLogger("specdec.lsp")
@@ -30,7 +30,7 @@ log = logging.getLogger("specdec.lsp")
 class LspSettings:
     """What initializationOptions and workspace/didChangeConfiguration may set (camelCase there)."""
 
-    strategy: str = "hybrid"
+    strategy: str = DEFAULT_STRATEGY
     max_tokens: int = 64  # Automatic requests; Invoked ones get twice as many
     time_budget_ms: float | None = 1000.0
     target: str | None = None  # model directories; None: those the server was started with

@@ -9,7 +9,16 @@ from specdec.generation import IllegalTransition, Result, State
 from specdec.handle import CompletionHandle
 from specdec.loader import CheckpointError, load_model
 from specdec.model import Segment, Transformer
-from specdec.options import MODES, STRATEGIES, CompletionOptions, OptionsError
+from specdec.options import (
+    DEFAULT_STRATEGY,
+    MODES,
+    PLAIN,
+    STRATEGIES,
+    STRATEGY_TABLE,
+    CompletionOptions,
+    OptionsError,
+    Strategy,
+)
 from specdec.scheduler import FinishedRecord, QueueFull
 from specdec.stats import Stats
 from specdec.textmetrics import edit_similarity, levenshtein
@@ -19,4 +28,5 @@ CompletionRequest = CompletionOptions  # the name before the options were one va
 __all__ = ["load_model", "Engine", "EngineMetrics", "default_model_dir", "model_label", "ModelConfig", "Transformer", "Segment",
            "ConfigError", "CheckpointError", "CompletionOptions", "CompletionRequest", "OptionsError",
            "CompletionHandle", "Result", "Stats", "State", "IllegalTransition", "FinishedRecord", "STRATEGIES",
+           "STRATEGY_TABLE", "Strategy", "PLAIN", "DEFAULT_STRATEGY",
            "MODES", "QueueFull", "edit_similarity", "levenshtein"]

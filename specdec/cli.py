@@ -16,7 +16,7 @@ from specdec.config import ConfigError
 from specdec.distributed import ExpertParallelError
 from specdec.loader import CheckpointError
 from specdec.model_cache import ModelCacheError
-from specdec.options import CONTEXTS, FIM_MODES, MODES, STRATEGIES, CompletionOptions
+from specdec.options import CONTEXTS, DEFAULT_STRATEGY, FIM_MODES, MODES, STRATEGIES, CompletionOptions
 from specdec.quantize import QUANTIZATIONS
 
 COMMAND_GROUP = "specdec.commands"
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     c.add_argument("--col", type=int, required=True, help="0-based column (characters) of the cursor")
     c.add_argument("--repo", type=Path, help="repository to index into the prefix cache")
     c.add_argument("--index", type=Path, help="a saved prefix-cache index (instead of --repo)")
-    c.add_argument("--strategy", choices=STRATEGIES, default="hybrid")
+    c.add_argument("--strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY)
     c.add_argument("--mode", choices=MODES, default="auto")
     c.add_argument("--max-tokens", type=int, default=64)
     c.add_argument("--temperature", type=float, default=0.0)

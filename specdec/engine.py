@@ -24,7 +24,7 @@ from specdec.handle import CompletionHandle
 from specdec.history import SuggestionHistory
 from specdec.loader import load_model
 from specdec.options import CompletionOptions, OptionsError
-from specdec.policy import PolicyBook
+from specdec.policy import PolicyBook, PolicyPair
 from specdec.prefetch import PrefetchCounts, Prefetcher
 from specdec.prompt_cache import PromptCache
 from specdec.quantize import loads_packed, quantize_target
@@ -172,9 +172,9 @@ class Engine:
         """How much repository context later prompts get; the contexts chosen so far are dropped."""
         self.contexts = StableContext(settings)
 
-    def policies_for(self, document: str | None):
-        """(the document's SpeculationPolicy, the global prior); the same object twice for None."""
-        return self.policies.for_document(document), self.policies.prior
+    def policies_for(self, document: str | None) -> PolicyPair:
+        """The document's SpeculationPolicy and the global prior; the same object twice for None."""
+        return PolicyPair(self.policies.for_document(document), self.policies.prior)
 
     # completing ---------------------------------------------------------------------------
 

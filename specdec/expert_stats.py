@@ -3,9 +3,8 @@ and the distinct experts of the latest forward (what a verify pass wakes).
 
 An eager forward files each MoE layer's ids [N, top_k] on its block as the layer runs. The native
 step returns all layers' ids at once [layers, N, top_k] and files them here whole: splitting
-them into a view per block cost about 0.1 ms a step in service (torch's per-op overhead, cold
-after the native call), some 4% of a decode step. Either way ids are kept as they came and
-counted only when read.
+them into a view per block would pay torch's per-op overhead, cold after the native call, at
+every decode step. Either way ids are kept as they came and counted only when read.
 """
 
 import numpy as np
@@ -14,28 +13,35 @@ import torch
 COUNT_EVERY = 32  # forwards whose expert ids are kept before they are counted (eager or native)
 
 
-class ExpertStatistics:
-    """Mixed into Transformer, which provides moe_blocks() and config."""
+class NativeRoutes:
+    """The native step's expert ids, [MoE layers, N, top_k] per forward: the latest, and those
+    not yet counted into the blocks' loads. A plain object, so that filing them each step skips
+    nn.Module's attribute machinery."""
 
-    native_routes = None  # the latest forward's ids [layers, N, k] when the native step ran it, else None
+    def __init__(self):
+        self.latest: torch.Tensor | None = None  # None when an eager forward ran last
+        self.uncounted: list = []
+
+
+class ExpertStatistics:
+    """Mixed into Transformer, which provides moe_blocks(), config and native_routes (NativeRoutes)."""
 
     def file_native_routes(self, ids: torch.Tensor) -> None:
         """The native step's expert ids of one forward, [MoE layers, N, top_k]."""
-        state = self.__dict__  # plain attributes: nn.Module's setattr costs more than the rest
-        state["native_routes"] = ids
-        pending = state.setdefault("native_uncounted", [])
-        pending.append(ids)
-        if len(pending) >= COUNT_EVERY:
+        log = self.native_routes
+        log.latest = ids
+        log.uncounted.append(ids)
+        if len(log.uncounted) >= COUNT_EVERY:
             self._count_native()
 
     def forget_native_routes(self) -> None:
         """An eager forward is about to file its own ids on the blocks."""
-        self.__dict__["native_routes"] = None
+        self.native_routes.latest = None
 
     def latest_routes(self) -> list:
         """The latest forward's ids, one [N, top_k] tensor per MoE layer ([] before any)."""
-        if self.native_routes is not None:
-            return list(self.native_routes)
+        if self.native_routes.latest is not None:
+            return list(self.native_routes.latest)
         return [b.latest_ids for b in self.moe_blocks() if b.latest_ids is not None]
 
     def expert_load(self) -> torch.Tensor:
@@ -51,7 +57,7 @@ class ExpertStatistics:
     def experts_woken(self) -> int:
         """Distinct experts the latest forward ran, summed over the MoE layers (what a verify
         pass costs on a memory-bound device: each woken expert's weights are read once)."""
-        routes = self.native_routes
+        routes = self.native_routes.latest
         if routes is not None:
             if routes.shape[1] == 1:  # one token (a decode step): its top-k experts are distinct
                 return routes.numel()
@@ -68,21 +74,21 @@ class ExpertStatistics:
         return int(woken.scatter_(1, ids, True).sum())
 
     def reset_expert_load(self) -> None:
-        self.__dict__["native_routes"], self.__dict__["native_uncounted"] = None, []
+        self.native_routes.latest, self.native_routes.uncounted = None, []
         for block in self.moe_blocks():
             block.latest_ids, block.uncounted_ids = None, []
             block.tokens_per_expert.zero_()
 
     def _count_native(self) -> None:
         """Fold the native forwards' ids kept since the last count into the blocks' counts."""
-        pending = self.__dict__.get("native_uncounted")
+        pending = self.native_routes.uncounted
         if not pending:
             return
         ids = torch.cat([p.reshape(p.shape[0], -1) for p in pending], dim=1)  # [layers, all tokens * k]
         for block, layer_ids in zip(self.moe_blocks(), ids, strict=True):
             block.uncounted_ids.append(layer_ids)  # counted by the block, as its eager ids are
             block.count_routed()
-        self.__dict__["native_uncounted"] = []
+        self.native_routes.uncounted = []
 
 
 def _distinct_per_layer(ids: np.ndarray, num_experts: int) -> int:

@@ -36,9 +36,10 @@ from specdec.drafting import (
 )
 from specdec.eagle import EagleRunner
 from specdec.history import MATCH_LENGTHS, SELF_SEARCH_CHARS
-from specdec.model import Segment
-from specdec.options import CompletionOptions
+from specdec.model import Segment, StepInput
+from specdec.options import CompletionOptions, Strategy
 from specdec.policy import learn_acceptance, learn_draft, speed_key
+from specdec.prompt_cache import SideCaches
 from specdec.stats import Stats
 from specdec.stops import StopCut, rules_for
 from specdec.tree import TokenTree
@@ -65,7 +66,7 @@ class State(enum.Enum):
     FINISHED = "finished"
 
 
-_NEXT = {State.QUEUED: {State.PREFILLING, State.DECODING, State.FINISHED},
+_NEXT = {State.QUEUED: {State.PREFILLING, State.FINISHED},
          State.PREFILLING: {State.DECODING, State.FINISHED},
          State.DECODING: {State.FINISHED},
          State.FINISHED: set()}
@@ -216,7 +217,7 @@ class Generation:
             self.cache.truncate(reuse)
         else:
             self.cache, reuse = engine.target.new_cache(len(ids) + options.max_tokens + 80), 0
-        uses_draft = options.strategy in ("draft", "hybrid") and engine.draft is not None
+        uses_draft = options.sources.draft and engine.draft is not None
         if uses_draft:
             kept = entry is not None and entry.draft is not None
             self.draft = DraftRunner(engine.draft, *((entry.draft, entry.draft_tokens) if kept else ()))
@@ -255,17 +256,17 @@ class Generation:
         return True
 
     def _needs_features(self, options) -> bool:
-        return options.strategy in ("draft", "hybrid") and self.engine.head is not None
+        return options.sources.draft and self.engine.head is not None
 
     def prefill_remaining(self) -> int:
         """Prompt tokens not yet in the cache (all but the last one, which the first step feeds)."""
         return len(self.committed) - 1 - self.cache.length
 
-    def prefill_segment(self, count: int):
-        """(tokens, positions, Segment) of the next `count` prompt tokens, for a batched forward."""
+    def prefill_segment(self, count: int) -> StepInput:
+        """The next `count` prompt tokens, for a batched forward."""
         start = self.cache.length
         feed = self.committed[start : start + count]
-        return torch.tensor(feed), torch.arange(start, start + len(feed)), Segment(self.cache, len(feed))
+        return StepInput(torch.tensor(feed), torch.arange(start, start + len(feed)), Segment(self.cache, len(feed)))
 
     def prefill_fed(self, features=None) -> None:
         """After the forward over prefill_segment()'s tokens: keep them (and the target's captured
@@ -307,15 +308,15 @@ class Generation:
         """The token tree of this step: the sources' paths, grown within the verify budget.
         riding: tokens of other requests in this step's forward (see grow_tree); a batched step's
         speeds are learned apart from a lone one's, since its trees cost the step less."""
-        engine, strategy = self.engine, self.options.strategy
+        engine, sources = self.engine, self.options.sources
         tree = TokenTree(self.committed[-1])
         self.catch_up_ms = 0.0
         self.riding = riding
-        self.speed_key = speed_key(strategy, riding > 0)
-        document_policy = self.policies[0]
-        self.speculating = strategy != "ar" and (not engine.adaptive or document_policy.should_speculate(self.speed_key)
-                                                 or self._along_a_suggestion(strategy))
-        paths = self._paths(strategy, document_policy.acceptance) if self.speculating else self._long_repeats(strategy)
+        self.speed_key = speed_key(self.options.strategy, riding > 0)
+        document_policy = self.policies.document
+        self.speculating = sources.speculates and (not engine.adaptive or document_policy.should_speculate(self.speed_key)
+                                                   or self._along_a_suggestion(sources))
+        paths = self._paths(sources, document_policy.acceptance) if self.speculating else self._long_repeats(sources)
         self.repeat_only = not self.speculating and bool(paths)
         if not self.speculating and not paths:
             return tree
@@ -329,14 +330,14 @@ class Generation:
         self.stats.tree_nodes += len(tree)
         return tree
 
-    def _along_a_suggestion(self, strategy: str) -> bool:
+    def _along_a_suggestion(self, sources: Strategy) -> bool:
         """Speculate, whatever the measured speeds say, while the text runs along an earlier
         suggestion of this document: then whole lines are accepted at once, which periodic
         exploration alone would find too late."""
-        return strategy == "hybrid" and self.engine.history.typing_along(self.options.document, self.options.prefix,
+        return sources.history and self.engine.history.typing_along(self.options.document, self.options.prefix,
                                                                          self.text)
 
-    def _long_repeats(self, strategy: str) -> list[DraftPath]:
+    def _long_repeats(self, sources: Strategy) -> list[DraftPath]:
         """On a step the policy decodes plainly, hybrid still offers what followed a long tail
         match (MATCH_LENGTHS[:2], 48 or 24 characters) in the document's suggestions or earlier in
         its own text: a string search costs microseconds, where the trie and the draft cost a
@@ -346,9 +347,9 @@ class Generation:
         tails matched too often to pay. The text is searched only REPEAT_SEARCH_CHARS back: the
         search runs at every plain step, and the repeats it finds lie within a few hundred
         characters (on flask, all but one in 300 within 2,000)."""
-        if strategy != "hybrid":
+        if not sources.history:
             return []
-        return self._history_paths(self.policies[0].acceptance, MATCH_LENGTHS[:2], REPEAT_SEARCH_CHARS)
+        return self._history_paths(self.policies.document.acceptance, MATCH_LENGTHS[:2], REPEAT_SEARCH_CHARS)
 
     def _history_paths(self, acceptance, lengths=None, search_chars: int = SELF_SEARCH_CHARS) -> list[DraftPath]:
         """The suggestion history's paths after the text so far (tail lengths: MATCH_LENGTHS),
@@ -359,15 +360,15 @@ class Generation:
         return history_paths(self.engine.history, self.options.document, searched,
                              self.engine.prompts.encode, healed, acceptance, lengths=lengths)
 
-    def _paths(self, strategy: str, acceptance) -> list[DraftPath]:
+    def _paths(self, sources: Strategy, acceptance) -> list[DraftPath]:
         engine, paths = self.engine, []
         healed = self.healing_left
         before_cursor = self.options.prefix + self.text
-        if strategy in ("trie", "hybrid"):
+        if sources.trie:
             paths += trie_paths(engine.index, before_cursor, self.options.path, engine.prompts.encode, healed, acceptance)
-        if strategy == "hybrid":
+        if sources.history:
             paths += self._history_paths(acceptance)
-        if strategy == "ngram":
+        if sources.ngram:
             paths += ngram_paths(self.committed, acceptance)
         drafter = self.eagle if self.eagle is not None else self.draft
         if drafter is not None:
@@ -398,8 +399,8 @@ class Generation:
         self.draft.catch_up(self.prompt.ids)
         self.catch_up_ms = (time.perf_counter() - started) * 1000
 
-    def segment(self, tree: TokenTree):
-        """(tokens, positions, Segment) of the tree for the batched forward. The small tensors
+    def segment(self, tree: TokenTree) -> StepInput:
+        """The tree's tokens for the batched forward. The small tensors
         are made through numpy, which costs a fraction of torch.tensor's per-call overhead."""
         if len(tree) == 1:
             return self._root_alone(tree.tokens[0])
@@ -407,7 +408,7 @@ class Generation:
         positions += len(self.committed) - 1
         mask = None if tree.is_chain() else tree.ancestor_mask()
         tokens = torch.from_numpy(np.asarray(tree.tokens, dtype=np.int64))
-        return tokens, torch.from_numpy(positions), Segment(self.cache, len(tree), mask)
+        return StepInput(tokens, torch.from_numpy(positions), Segment(self.cache, len(tree), mask))
 
     def _root_alone(self, token: int):
         """A plain step's segment: its two one-element tensors are made once per request and
@@ -419,7 +420,7 @@ class Generation:
             self._plain = (tensors, tensors[0].numpy(), tensors[1].numpy())
         (tokens, positions), token_view, position_view = self._plain
         token_view[0], position_view[0] = token, len(self.committed) - 1
-        return tokens, positions, Segment(self.cache, 1)
+        return StepInput(tokens, positions, Segment(self.cache, 1))
 
     def commit(self, tree: TokenTree, logits, features=None) -> int:
         """Accept against the target's logits [len(tree), vocab] (and keep its captured hidden
@@ -512,21 +513,22 @@ class Generation:
         truncated = self.prompt is not None and self.prompt.truncated
         return Result(self.current_text(), list(self.generated), Stats(**s.as_dict()), truncated)
 
-    def _side_caches(self) -> tuple:
-        """(draft cache, its tokens, features, head cache, head pairs) to keep with the target's:
-        this request's own, else those of the entry it took without using them."""
-        draft, eagle, spare = self.draft, self.eagle, self.spare
-        if spare is not None:
-            return spare.draft, spare.draft_tokens, spare.features, spare.head, spare.head_synced
-        return (draft.cache if draft else None, draft.synced if draft else (), eagle.features if eagle else None,
-                eagle.cache if eagle else None, eagle.synced if eagle else 0)
+    def _side_caches(self) -> SideCaches:
+        """The side caches to keep with the target's: this request's own, else those of the entry
+        it took without using them."""
+        if self.spare is not None:
+            return self.spare
+        draft, eagle = self.draft, self.eagle
+        return SideCaches(draft.cache if draft else None, draft.synced if draft else [],
+                          eagle.features if eagle else None, eagle.cache if eagle else None,
+                          eagle.synced if eagle else 0)
 
     def release(self) -> None:
         """Give the caches back to the prompt cache for the next request, and the text to the
         document's suggestion history."""
-        if self.options.strategy == "hybrid" and not self.background:  # a prefetch is nobody's suggestion yet
+        if self.options.sources.history and not self.background:  # a prefetch is nobody's suggestion yet
             self.engine.history.record(self.options.document, self.options.prefix, self.current_text())
         worth_keeping = self.cache is not None and self.cache.length >= self.engine.prompt_cache.min_reuse
         if worth_keeping and self.options.use_prompt_cache:
-            self.engine.prompt_cache.put(self.committed, self.cache, *self._side_caches())
+            self.engine.prompt_cache.put(self.committed, self.cache, self._side_caches())
         self.cache = None

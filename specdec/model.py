@@ -7,15 +7,17 @@ loading is a plain mapping. The forward takes a flat batch of new tokens from se
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import specdec_kernels as kernels
 from specdec.config import ModelConfig
-from specdec.expert_stats import COUNT_EVERY, ExpertStatistics
+from specdec.expert_stats import COUNT_EVERY, ExpertStatistics, NativeRoutes
 from specdec.kvcache import KVCache, under_inference_mode
 from specdec.ops import (
     CpuLogitsHead,
@@ -39,6 +41,36 @@ class Segment:
     cache: KVCache
     length: int
     tree_mask: torch.Tensor | None = None  # [length, length] bool, ancestor-or-self; None = causal
+
+
+class StepInput(NamedTuple):
+    """One sequence's share of a batched forward: its new tokens and their positions [n], and
+    the Segment that places them in its cache."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    segment: Segment
+
+
+@dataclass
+class ForwardOut:
+    """What one forward returns: the logits [rows, vocab] fp32; the same logits as the numpy
+    array they were written into, when the native step made them; and the inputs of the capture
+    layers [N, k*H] for an EAGLE-3 head (None when no layer is captured)."""
+
+    logits: torch.Tensor
+    captured: torch.Tensor | None = None
+    array: np.ndarray | None = None
+
+    def rows(self):
+        """The logits as acceptance reads them: numpy for a CPU forward (a row's argmax and checks
+        in torch pay per-op overhead at every step; viewing the tensor costs tens of
+        microseconds, the native step's own array nothing), else the tensor."""
+        if self.array is not None:
+            return self.array
+        if self.logits.is_cpu and self.logits.dtype == torch.float32:
+            return self.logits.numpy()
+        return self.logits
 
 
 class RMSNorm(nn.Module):
@@ -279,7 +311,7 @@ class SparseMoeBlock(nn.Module):
     def file_ids(self, ids) -> None:
         """Keep an eager forward's expert ids [N, A] for the load statistics (the native step
         files all layers' at once on the model: specdec/expert_stats.py)."""
-        self.__dict__["latest_ids"] = ids  # a plain attribute: nn.Module's setattr costs more than the rest
+        self.latest_ids = ids
         self.uncounted_ids.append(ids)
         if len(self.uncounted_ids) >= self.COUNT_EVERY:
             self.count_routed()
@@ -384,12 +416,9 @@ class Transformer(ExpertStatistics, nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tokenizer = None
         self.path = None
-        self.capture_layers: tuple = ()  # layers whose input the forward keeps in .captured [N, k*H]
+        self.capture_layers: tuple = ()  # layers whose input run() returns as ForwardOut.captured [N, k*H]
         # (num_layers: the last layer's output, before the final norm; the native step only)
-        self.captured = None
-        # The latest forward's logits as the numpy array they were written into, when the native
-        # step ran it (else None): its caller reads rows without torch's per-op overhead.
-        self.logits_array = None
+        self.native_routes = NativeRoutes()
         self.rope_frequencies = rope_frequencies(cfg)  # None: plain RoPE at rope_theta
         # {name: PackedMatrix} when the matrices are packed in 8-bit blocks (specdec.packed): they
         # then exist only there (their parameters stay on the meta device) and only the native
@@ -448,22 +477,26 @@ class Transformer(ExpertStatistics, nn.Module):
         return KVCache(self.config.num_layers, **self.cache_dims(), dtype=self.dtype, device=self.device,
                        capacity=capacity)
 
+    def forward(self, input_ids, positions, segments, logits_rows=None) -> torch.Tensor:
+        """input_ids, positions [N] -> logits [len(logits_rows) or N, vocab] (fp32); run() returns
+        the captured features too."""
+        return self.run(input_ids, positions, segments, logits_rows).logits
+
     @under_inference_mode
-    def forward(self, input_ids, positions, segments, logits_rows=None):
-        """input_ids, positions [N] -> logits [len(logits_rows) or N, vocab] (fp32).
+    def run(self, input_ids, positions, segments, logits_rows=None) -> ForwardOut:
+        """input_ids, positions [N] -> ForwardOut: logits [len(logits_rows) or N, vocab] (fp32)
+        and the capture layers' inputs.
 
         Writes the new tokens' keys and values into each segment's cache as pending entries;
         the caller keeps or drops them (KVCache.keep / keep_all).
         """
-        self.__dict__["logits_array"] = None  # the native step sets its own
         if input_ids.numel() == 0:  # nothing new: no rows to write, no logits (the kernels want tokens)
-            self.captured = None
-            return torch.zeros(0, self.config.vocab_size, dtype=torch.float32, device=input_ids.device)
+            return ForwardOut(torch.zeros(0, self.config.vocab_size, dtype=torch.float32, device=input_ids.device))
         native = self.native_step
         if native is not None and native.takes(input_ids, segments, logits_rows):
-            logits = native(input_ids, positions, segments, logits_rows)
-            if logits is not None:
-                return logits
+            out = native(input_ids, positions, segments, logits_rows)
+            if out is not None:
+                return out
         if self.packed:
             raise RuntimeError("this model's weights are packed in 8-bit blocks, which only the native step "
                                "reads, and it could not run this forward")
@@ -481,11 +514,10 @@ class Transformer(ExpertStatistics, nn.Module):
             attended = layer.self_attn.attend(projected, segments, positions)
             if i + 1 < len(layers):
                 x, projected = step.seam(layer, layers[i + 1], x, attended, cos, sin)
-        self.captured = torch.cat([inputs[i] for i in self.capture_layers], dim=-1) if inputs else None
+        captured = torch.cat([inputs[i] for i in self.capture_layers], dim=-1) if inputs else None
         rows = None if logits_rows is None else torch.as_tensor(logits_rows, dtype=torch.long, device=x.device)
         last = EAGER_STEP.last if rows is not None and rows.numel() == 0 else step.last  # no need to compile 0 rows
-        logits = last(self, layers[-1], x, attended, rows)
-        return logits
+        return ForwardOut(last(self, layers[-1], x, attended, rows), captured)
 
     def logits(self, input_ids):
         """LongTensor [B, T] -> FloatTensor [B, T, vocab]; plain causal, no cache kept."""
@@ -495,7 +527,8 @@ class Transformer(ExpertStatistics, nn.Module):
         return self(input_ids.reshape(-1), positions, segments).view(batch, length, -1)
 
     def moe_blocks(self) -> list:
-        blocks = self.__dict__.get("_moe_blocks")
-        if blocks is None:
-            blocks = self.__dict__["_moe_blocks"] = [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
-        return blocks
+        return self._moe_blocks
+
+    @cached_property
+    def _moe_blocks(self) -> list:
+        return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdec.model import Attention, DenseMLP, SparseMoeBlock, Transformer
+from specdec.model import Attention, DenseMLP, ForwardOut, SparseMoeBlock, Transformer
 from specdec.ops import CpuLogitsHead, Projection, rope_inverse_frequencies
 from specdec_kernels import cpu_decode
 
@@ -35,7 +35,7 @@ MAX_TOKENS = 256  # longer steps (a whole prompt's prefill) run faster in MKL's 
 
 
 class NativeStep:
-    """Callable: (input_ids, positions, segments, logits_rows) -> logits; writes each segment's
+    """Callable: (input_ids, positions, segments, logits_rows) -> ForwardOut; writes each segment's
     new keys and values into its cache as pending rows, as the eager forward does."""
 
     def __init__(self, model: Transformer, lib, halves: bool = True):
@@ -157,14 +157,14 @@ class NativeStep:
             return False
         return self.embed._parameters["weight"].data_ptr() == self.embed_ptr  # the dict: Module.__getattr__ costs more
 
-    def __call__(self, input_ids, positions, segments, logits_rows=None) -> torch.Tensor | None:
-        """As Transformer.forward: input_ids, positions [n] (the segments' tokens, in segment
-        order) -> logits [len(logits_rows) or n, V], or None when the step must run eagerly."""
+    def __call__(self, input_ids, positions, segments, logits_rows=None) -> ForwardOut | None:
+        """As Transformer.run: input_ids, positions [n] (the segments' tokens, in segment order)
+        -> ForwardOut (logits [len(logits_rows) or n, V]), or None when the step must run eagerly."""
         if input_ids.numel() > MAX_TOKENS:
             return self._in_chunks(input_ids, positions, segments, logits_rows)
         return self._run(input_ids, positions, segments, logits_rows)
 
-    def _in_chunks(self, input_ids, positions, segments, logits_rows) -> torch.Tensor:
+    def _in_chunks(self, input_ids, positions, segments, logits_rows) -> ForwardOut | None:
         """A forward of more than MAX_TOKENS tokens (a packed model's prefill) as calls of at
         most MAX_TOKENS, segment by segment: a segment's later chunks attend over its earlier
         chunks' keys, already in its cache as pending rows."""
@@ -179,17 +179,17 @@ class NativeStep:
                 size, low = min(MAX_TOKENS, segment.length - done), start + done
                 slots = [i for i, row in enumerate(wanted) if low <= row < low + size]
                 part = _Chunk(segment.cache, size, segment.tree_mask, done)
-                logits = self._run(input_ids[low:low + size], positions[low:low + size], [part],
-                                   [wanted[i] - low for i in slots])
-                out[slots] = logits.numpy()
-                if self.capture_layers:
-                    captured.append(self.model.captured)
+                part_out = self._run(input_ids[low:low + size], positions[low:low + size], [part],
+                                     [wanted[i] - low for i in slots])
+                if part_out is None:  # its scratch memory was refused: the caller decides
+                    return None
+                out[slots] = part_out.array
+                if part_out.captured is not None:
+                    captured.append(part_out.captured)
             start += segment.length
-        self.model.__dict__["captured"] = torch.cat(captured) if captured else None
-        self.model.__dict__["logits_array"] = out
-        return torch.from_numpy(out)
+        return ForwardOut(torch.from_numpy(out), torch.cat(captured) if captured else None, out)
 
-    def _run(self, input_ids, positions, segments, logits_rows) -> torch.Tensor | None:
+    def _run(self, input_ids, positions, segments, logits_rows) -> ForwardOut | None:
         if self.capture_layers != self.model.capture_layers:  # an EAGLE-3 head attached or left
             self.capture_layers = tuple(self.model.capture_layers)
             self.capture = torch.tensor(self.capture_layers, dtype=torch.int32)  # slot -> layer, repeats allowed
@@ -214,9 +214,7 @@ class NativeStep:
             return None
         if self.moe_blocks:
             self.model.file_native_routes(ids)
-        self.model.__dict__["captured"] = captured  # a plain attribute: skips nn.Module's slower setattr
-        self.model.__dict__["logits_array"] = array
-        return logits
+        return ForwardOut(logits, captured, array)
 
     @staticmethod
     def _sequences(segments):

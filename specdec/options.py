@@ -6,7 +6,30 @@ The HTTP schemas, the CLI and Engine.complete all build this one carrier; everyt
 
 from dataclasses import dataclass, replace
 
-STRATEGIES = ("ar", "draft", "ngram", "trie", "hybrid")
+
+@dataclass(frozen=True)
+class Strategy:
+    """Which sources a strategy speculates with. Everything that differs between strategies
+    reads these flags, never the strategy's name."""
+
+    name: str
+    trie: bool = False  # the repository's prefix cache
+    history: bool = False  # the document's earlier suggestions and the text's own repeats; its answers join them
+    ngram: bool = False  # n-grams of the sequence so far
+    draft: bool = False  # the draft model, or the target's EAGLE-3 head where one is loaded
+
+    @property
+    def speculates(self) -> bool:
+        """False for the plain decoding every other strategy must equal token for token."""
+        return self.trie or self.history or self.ngram or self.draft
+
+
+STRATEGY_TABLE = {s.name: s for s in (
+    Strategy("ar"), Strategy("draft", draft=True), Strategy("ngram", ngram=True), Strategy("trie", trie=True),
+    Strategy("hybrid", trie=True, history=True, draft=True))}
+STRATEGIES = tuple(STRATEGY_TABLE)
+PLAIN = next(name for name, s in STRATEGY_TABLE.items() if not s.speculates)  # the reference: plain decoding
+DEFAULT_STRATEGY = "hybrid"  # every source
 MODES = ("auto", "single", "multi")
 CONTEXTS = ("auto", "none")
 FIM_MODES = ("psm", "spm", "suffix_first")
@@ -29,7 +52,7 @@ class CompletionOptions:
     temperature: float = 0.0  # 0 is greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 keeps every token
-    strategy: str = "hybrid"  # one of STRATEGIES
+    strategy: str = DEFAULT_STRATEGY  # one of STRATEGIES
     mode: str = "auto"  # single: stop at the end of the line; multi: a block; auto: single when text follows
     path: str | None = None  # repository-relative, POSIX style
     extra: tuple = ()  # ((filename, text), ...) context chunks, most relevant last
@@ -73,6 +96,11 @@ class CompletionOptions:
         if not isinstance(self.extra, tuple) or not isinstance(self.stop, tuple):
             object.__setattr__(self, "extra", tuple(self.extra))
             object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def sources(self) -> Strategy:
+        """The strategy's sources (STRATEGY_TABLE)."""
+        return STRATEGY_TABLE[self.strategy]
 
     @property
     def strict_budget_ms(self) -> float | None:

@@ -12,6 +12,7 @@ import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 GLOBAL_RATE_SHARE = 0.25  # the prior learns at this fraction of a document's rate
 
@@ -104,6 +105,14 @@ class SpeculationPolicy:
         speeds[kind] = value if kind not in speeds else speeds[kind] + rate * (value - speeds[kind])
 
 
+class PolicyPair(NamedTuple):
+    """What a request learns into: its document's policy and the global prior (the same object
+    for a request without a document)."""
+
+    document: SpeculationPolicy
+    prior: SpeculationPolicy
+
+
 class PolicyBook:
     """SpeculationPolicy per document, in an LRU, each starting from the global prior."""
 
@@ -152,9 +161,9 @@ def learn_step(policies, strategy: str, speculative: bool, millis: float, tokens
         policy.record_step(strategy, speculative, millis, tokens, 0.1 * share)
 
 
-def _with_shares(policies):
+def _with_shares(policies: PolicyPair):
     """(document policy, 1.0) and (prior, GLOBAL_RATE_SHARE); one pair when they are the same."""
-    document, prior = policies
+    document, prior = policies.document, policies.prior
     if document is prior:
         return ((prior, 1.0),)
     return ((document, 1.0), (prior, GLOBAL_RATE_SHARE))

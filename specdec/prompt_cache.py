@@ -17,6 +17,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+@dataclass
+class SideCaches:
+    """What a request keeps beside the target's cache: the draft's cache (holding a prefix of
+    draft_tokens), and for an EAGLE-3 head the target's captured features [n, k*H] and the head's
+    cache, which holds its first head_synced pairs."""
+
+    draft: object | None = None
+    draft_tokens: list = field(default_factory=list)
+    features: object = None
+    head: object = None
+    head_synced: int = 0
+
+
 @dataclass(eq=False)  # identity, not element-wise array comparison
 class CacheEntry:
     tokens: np.ndarray  # int64 [n]: the sequence the target cache holds
@@ -33,16 +46,17 @@ class CacheEntry:
         extra = (self.draft.nbytes() if self.draft is not None else 0) + (self.head.nbytes() if self.head is not None else 0)
         return self.target.nbytes() + extra
 
-    def kept_to(self, length: int) -> "CacheEntry":
+    def kept_to(self, length: int) -> SideCaches:
         """This entry's side caches cut to the first `length` tokens (the target's tokens past them
         are replaced by a new request): features and head pairs of later tokens would be stale. The
         draft's cache names its own tokens and is rewound against the next request's."""
-        if self.features is not None:
-            self.features = self.features[:length]
+        features, head_synced = self.features, self.head_synced
+        if features is not None:
+            features = features[:length]
         if self.head is not None:
-            self.head_synced = min(self.head_synced, max(0, length - 1))
-            self.head.truncate(self.head_synced)
-        return self
+            head_synced = min(head_synced, max(0, length - 1))
+            self.head.truncate(head_synced)
+        return SideCaches(self.draft, self.draft_tokens, features, self.head, head_synced)
 
     def head_copy(self, length: int, capacity: int) -> "CacheEntry":
         """A new entry with copies of the caches' first `length` tokens."""
@@ -90,10 +104,10 @@ class PromptCache:
             self.entries.remove(best)
             return best, best_len
 
-    def put(self, tokens: list[int], target, draft=None, draft_tokens=(), features=None, head=None,
-            head_synced: int = 0) -> None:
-        entry = CacheEntry(np.asarray(tokens[: target.length], dtype=np.int64), target, draft,
-                           list(draft_tokens), time.monotonic(), features, head, head_synced)
+    def put(self, tokens: list[int], target, side: SideCaches | None = None) -> None:
+        side = side or SideCaches()
+        entry = CacheEntry(np.asarray(tokens[: target.length], dtype=np.int64), target, side.draft,
+                           list(side.draft_tokens), time.monotonic(), side.features, side.head, side.head_synced)
         entry.held_bytes = entry.nbytes()
         with self.lock:
             self.entries.append(entry)

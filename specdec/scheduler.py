@@ -189,21 +189,15 @@ class Scheduler:
         started = time.perf_counter()
         parts = [part for _, part in chunks] + [g.segment(tree) for g, tree in trees]
         tokens, positions, segments = zip(*parts, strict=True)
-        prefilled = sum(seg.length for _, (_, _, seg) in chunks)
+        prefilled = sum(part.segment.length for _, part in chunks)
         total = prefilled + sum(len(tree) for _, tree in trees)
         rows = None if not chunks else list(range(prefilled, total))
         target = self.engine.target
         joined = (torch.cat(tokens), torch.cat(positions)) if len(parts) > 1 else (tokens[0], positions[0])
-        logits = target(*joined, list(segments), logits_rows=rows)
-        # numpy for every tree's acceptance: a torch row and its checks cost more (the native
-        # step's own array costs nothing; viewing a tensor as numpy costs tens of microseconds)
-        array = target.__dict__.get("logits_array")
-        if array is not None:
-            logits = array
-        elif logits.is_cpu and logits.dtype == torch.float32:
-            logits = logits.numpy()
+        out = target.run(*joined, list(segments), logits_rows=rows)
+        logits = out.rows()
         woken = target.experts_woken() if trees else 0
-        features = target.captured  # [all rows, k*H] when an EAGLE-3 head reads them, else None
+        features = out.captured  # [all rows, k*H] when an EAGLE-3 head reads them, else None
         start, added = 0, []
         for g, tree in trees:
             g.stats.experts_woken += woken
@@ -211,9 +205,9 @@ class Scheduler:
             added.append(g.commit(tree, logits[start : start + len(tree)], rows_of))
             start += len(tree)
         offset = 0
-        for g, (_, _, segment) in chunks:
-            rows_of = None if features is None else features[offset : offset + segment.length]
-            offset += segment.length
+        for g, part in chunks:
+            rows_of = None if features is None else features[offset : offset + part.segment.length]
+            offset += part.segment.length
             fed = self._guard(g, lambda g=g, rows_of=rows_of: g.prefill_fed(rows_of))
             if fed and g.state is State.DECODING and not g.background:
                 with self.lock:
@@ -227,7 +221,7 @@ class Scheduler:
             share = elapsed / len(trees)
             proposing_ms = list(proposing_ms) or [0.0] * len(trees)
             for (g, _), count, own_ms in zip(trees, added, proposing_ms, strict=True):
-                if g.options.strategy != "ar" and not g.repeat_only:  # not a choice the policy made
+                if g.options.sources.speculates and not g.repeat_only:  # not a choice the policy made
                     learn_step(g.policies, g.speed_key, g.speculating, share + own_ms, count)
 
     def _background_step(self) -> None:

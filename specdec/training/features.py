@@ -149,9 +149,8 @@ def target_row(target, ids: list[int], capture: tuple) -> tuple:
     target.capture_layers = (*capture, target.config.num_layers)
     try:
         # One row of logits: a float model's native step takes no forward that wants none.
-        target(torch.tensor(ids[:-1]), torch.arange(length), [Segment(target.new_cache(length), length)],
-               logits_rows=[length - 1])
-        features = target.captured
+        features = target.run(torch.tensor(ids[:-1]), torch.arange(length),
+                              [Segment(target.new_cache(length), length)], logits_rows=[length - 1]).captured
     finally:
         target.capture_layers = saved
     return ids, features.to(torch.bfloat16)

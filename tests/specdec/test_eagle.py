@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specdec import load_model
+from specdec import Segment, load_model
 from specdec.config import ConfigError
 from specdec.eagle import Eagle3Config, is_eagle3, load_eagle3
 
@@ -72,8 +72,8 @@ def test_head_drafts_from_the_targets_features(tmp_path, tiny_models):
     head = load_eagle3(tmp_path / "head", target)
     target.capture_layers = head.config.capture_layers(target.config.num_layers)
     ids = torch.tensor(target.tokenizer.encode("def add(a, b):\n    return a + b\n").ids)
-    target.logits(ids[None])
-    features = target.captured  # [T, 3H]
+    n = len(ids)
+    features = target.run(ids, torch.arange(n), [Segment(target.new_cache(n), n)]).captured  # [T, 3H]
     assert features.shape == (len(ids), 3 * target.config.hidden_size)
     cache = head.new_cache()
     logits, hidden = head(ids[1:], features[:-1], torch.arange(1, len(ids)), cache)  # step 0 over the prompt
@@ -116,8 +116,8 @@ def test_every_strategy_equals_ar_with_an_eagle3_head(tmp_path, tiny_models):
         rows = len(g.eagle.features)
         assert rows == len(g.committed) - 1
         target.capture_layers = engine.target.capture_layers
-        target.logits(torch.tensor([g.committed[:rows]]))
-        assert torch.allclose(g.eagle.features, target.captured, atol=1e-4)
+        full = target.run(torch.tensor(g.committed[:rows]), torch.arange(rows), [Segment(target.new_cache(rows), rows)])
+        assert torch.allclose(g.eagle.features, full.captured, atol=1e-4)
     drafted = engine.complete(prompts[0][1], prompts[0][2], strategy="draft", max_tokens=10, mode="multi")
     assert drafted.stats.tree_nodes > drafted.stats.target_passes  # the head proposed tokens
 

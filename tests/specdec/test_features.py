@@ -7,7 +7,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from specdec import Engine, load_model
+from specdec import Engine, Segment, load_model
 from specdec.eagle import load_eagle3
 from specdec.training.eagle3 import (
     TeacherLogits,
@@ -66,8 +66,8 @@ def test_a_row_holds_the_captured_inputs_and_the_last_layers_output(target):
     native, target.native_step = target.native_step, None
     try:
         target.capture_layers = capture
-        target.logits(torch.tensor([ids[:-1]]))
-        eager = target.captured
+        n = len(ids) - 1
+        eager = target.run(torch.tensor(ids[:-1]), torch.arange(n), [Segment(target.new_cache(n), n)]).captured
     finally:
         target.native_step, target.capture_layers = native, ()
     assert torch.allclose(features[:, : 3 * hidden].float(), eager, atol=2e-2, rtol=1e-2)

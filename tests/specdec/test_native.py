@@ -24,14 +24,18 @@ def _rel_err(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def _decode_one_by_one(model, ids, prompt: int = 5):
-    """A prefill of `prompt` tokens, then the rest one token a step, in a cache that must grow."""
+def _decode_one_by_one(model, ids, prompt: int = 5, outs=None):
+    """A prefill of `prompt` tokens, then the rest one token a step, in a cache that must grow;
+    each step's ForwardOut goes into `outs` when given."""
     cache = model.new_cache(capacity=4)
     model(ids[:prompt], torch.arange(prompt), [Segment(cache, prompt)], logits_rows=[prompt - 1])
     cache.keep_all()
     steps = []
     for i in range(prompt, len(ids)):
-        steps.append(model(ids[i : i + 1], torch.tensor([i]), [Segment(cache, 1)]))
+        out = model.run(ids[i : i + 1], torch.tensor([i]), [Segment(cache, 1)])
+        steps.append(out.logits)
+        if outs is not None:
+            outs.append(out)
         cache.keep_all()
     return torch.cat(steps), cache
 
@@ -88,13 +92,14 @@ def test_native_step_captures_the_layers_an_eagle_head_reads(hf_checkpoints):
     model = load_model(hf_checkpoints["qwen3_moe"][0])
     model.capture_layers = (0, 2)
     ids = torch.randint(0, 97, (12,), generator=torch.Generator().manual_seed(5))
-    _decode_one_by_one(model, ids)
-    got = model.captured
+    native_outs, eager_outs = [], []
+    _decode_one_by_one(model, ids, outs=native_outs)
     bound = _eager(model)
-    _decode_one_by_one(model, ids)
+    _decode_one_by_one(model, ids, outs=eager_outs)
     model.native_step = bound
-    assert got.shape == model.captured.shape == (1, 2 * model.config.hidden_size)
-    assert torch.allclose(got, model.captured, atol=1e-5)
+    got, expected = native_outs[-1].captured, eager_outs[-1].captured
+    assert got.shape == expected.shape == (1, 2 * model.config.hidden_size)
+    assert torch.allclose(got, expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", sorted(NOT_COVERED))
@@ -236,10 +241,10 @@ def test_one_native_step_over_several_sequences_matches_eager(hf_checkpoints, ar
         model.capture_layers = (1, 0, 1)  # as an EAGLE-3 head reads them; a tiny model repeats a layer
         segments = [Segment(cache, len(tokens), tree) for cache, (tokens, _, tree) in zip(caches, steps, strict=True)]
         assert bound is not None or model.native_step.takes(torch.cat([s[0] for s in steps]), segments, rows)
-        logits = model(torch.cat([s[0] for s in steps]), torch.cat([s[1] for s in steps]), segments, logits_rows=rows)
+        out = model.run(torch.cat([s[0] for s in steps]), torch.cat([s[1] for s in steps]), segments, logits_rows=rows)
         keys = [c.keys[:, :, :, : c.length + c.pending].clone() for c in caches]
         values = [c.values[:, :, :, : c.length + c.pending].clone() for c in caches]
-        results.append((logits, keys, values, model.expert_load().clone(), model.captured))
+        results.append((out.logits, keys, values, model.expert_load().clone(), out.captured))
         model.capture_layers = ()
         if bound is not None:
             model.native_step = bound
@@ -335,17 +340,18 @@ def test_a_weight_edited_in_place_after_binding_sends_steps_eager_until_rebound(
     assert model.native_step.half_bytes > 0 and _rel_err(rebound, eager) < 1e-5
 
 
-def test_a_native_forward_leaves_its_logits_as_numpy_and_an_eager_one_does_not(hf_checkpoints):
-    """The scheduler reads a native forward's logits through `logits_array`: it must hold this
-    forward's logits (the rows asked for), and never an earlier forward's after an eager one."""
+def test_a_native_forward_returns_its_logits_as_numpy_and_an_eager_one_a_view(hf_checkpoints):
+    """Acceptance reads a forward's logits as numpy (ForwardOut.rows): a native forward's are the
+    array it wrote (the rows asked for), an eager forward's a view of its own tensor."""
     model = load_model(hf_checkpoints["qwen3_moe"][0])
     ids = torch.randint(0, 97, (9,), generator=torch.Generator().manual_seed(8))
     cache = model.new_cache(16)
-    logits = model(ids[:6], torch.arange(6), [Segment(cache, 6)], logits_rows=[2, 5])
-    assert model.logits_array is not None and model.logits_array.shape == (2, model.config.vocab_size)
-    assert torch.equal(torch.from_numpy(model.logits_array), logits)
+    out = model.run(ids[:6], torch.arange(6), [Segment(cache, 6)], logits_rows=[2, 5])
+    assert out.array is not None and out.array.shape == (2, model.config.vocab_size)
+    assert out.rows() is out.array and torch.equal(torch.from_numpy(out.array), out.logits)
     cache.keep_all()
     bound = _eager(model)
-    model(ids[6:], torch.arange(6, 9), [Segment(cache, 3)])
+    eager = model.run(ids[6:], torch.arange(6, 9), [Segment(cache, 3)])
     model.native_step = bound
-    assert model.logits_array is None
+    assert eager.array is None and eager.rows().shape == (3, model.config.vocab_size)
+    assert torch.equal(torch.from_numpy(eager.rows()), eager.logits)
