@@ -31,10 +31,10 @@ from specdec.drafting import common_prefix
 def log_forced(forced, plain, index, points, max_tokens: int = 64) -> list[dict]:
     """Per point: `ar`'s times (on `plain`), and the forced hybrid's passes (accepted (source,
     depth) pairs) and proposed paths (source, first step or not, tokens followed, length)."""
-    from specdec import generation
+    from specdec import generation, proposing
     from specdec_eval.runner import prepare_point
 
-    accept, propose, commit = generation.accept, generation.Generation._paths, generation.Generation.commit
+    accept, propose, commit = generation.accept, proposing._paths, generation.Generation.commit
     passes, paths, step = [], [], {}
 
     def logged_accept(tree, *args, **kwargs):
@@ -42,8 +42,8 @@ def log_forced(forced, plain, index, points, max_tokens: int = 64) -> list[dict]
         passes.append([(tree.sources[n], tree.depths[n]) for n in result.nodes])
         return result
 
-    def logged_paths(self, strategy, acceptance):
-        step["paths"], step["first"] = propose(self, strategy, acceptance), not self.generated
+    def logged_paths(self, ctx, acceptance):
+        step["paths"], step["first"] = propose(self, ctx, acceptance), not self.generated
         return step["paths"]
 
     def logged_commit(self, tree, *args, **kwargs):
@@ -56,7 +56,7 @@ def log_forced(forced, plain, index, points, max_tokens: int = 64) -> list[dict]
                           "length": len(path.tokens)})
         return added
 
-    generation.accept, generation.Generation._paths, generation.Generation.commit = logged_accept, logged_paths, logged_commit
+    generation.accept, proposing._paths, generation.Generation.commit = logged_accept, logged_paths, logged_commit
     rows = []
     try:
         for i, point in enumerate(points):
@@ -73,7 +73,7 @@ def log_forced(forced, plain, index, points, max_tokens: int = 64) -> list[dict]
                          "paths": list(paths), "same": ar.text == hybrid.text})
             print(f"\r{i + 1}/{len(points)} points", end="", file=sys.stderr, flush=True)
     finally:
-        generation.accept, generation.Generation._paths, generation.Generation.commit = accept, propose, commit
+        generation.accept, proposing._paths, generation.Generation.commit = accept, propose, commit
     print(file=sys.stderr)
     return rows
 

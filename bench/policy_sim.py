@@ -45,33 +45,33 @@ def log_positions(forced, plain, index, points, max_tokens: int = 64) -> list[di
     """Per point: `ar`'s times and tokens, and per position (every step kept plain on `forced`,
     an Engine(adaptive=False) with a draft) each source's paths, lookup and draft times, and
     the target's top-2 probabilities of the token it committed there."""
-    from specdec import generation
+    from specdec import generation, proposing
     from specdec.drafting import DraftPath, branch_paths, trie_paths
     from specdec.history import MATCH_LENGTHS
     from specdec_eval.runner import prepare_point
 
     steps, current = [], {}
     Generation = generation.Generation
-    saved = Generation._paths, generation.grow_tree, Generation.commit
+    saved = proposing._paths, proposing.grow_tree, Generation.commit
 
-    def every_source(self, strategy, acceptance):
+    def every_source(self, ctx, acceptance):
         current.clear()
         current["position"] = len(self.generated)
         healed = self.healing_left
         started = time.perf_counter()
         found = [DraftPath(f"trie:{rank}", p.tokens, p.probs) for rank, p in enumerate(trie_paths(
-            self.engine.index, self.options.prefix + self.text, self.options.path, self.engine.prompts.encode, healed,
+            ctx.index, self.options.prefix + self.text, self.options.path, ctx.prompts.encode, healed,
             acceptance))]
         current["trie_ms"] = _since(started)
         started = time.perf_counter()
         for length in MATCH_LENGTHS:
-            found += [DraftPath(f"history:{length}", p.tokens, p.probs) for p in self._history_paths(acceptance, [length])]
+            found += [DraftPath(f"history:{length}", p.tokens, p.probs) for p in proposing._history_paths(self, ctx, acceptance, [length])]
         current["history_ms"] = _since(started)
-        self._catch_up()
+        proposing._catch_up(self)
         first = self.healing.allowed if self.healing_pending else None
         started = time.perf_counter()
-        tokens, probs = self.draft.chain(self.committed, self.engine.draft_depth, generation.FORCED_DRAFT_FLOOR, first,
-                                         self.engine.prompts.stop_ids)
+        tokens, probs = self.draft.chain(self.committed, ctx.draft_depth, proposing.FORCED_DRAFT_FLOOR, first,
+                                         ctx.prompts.stop_ids)
         current["draft_ms"], current["draft_forwards"] = _since(started), len(self.draft.alternatives)
         found.append(DraftPath("draft", tokens, probs))
         found += [DraftPath("draft:branch", b, p) for b, p in branch_paths(tokens, probs, self.draft.alternatives)]
@@ -85,7 +85,7 @@ def log_positions(forced, plain, index, points, max_tokens: int = 64) -> list[di
         steps.append(dict(current))
         return saved[2](self, tree, logits, *args, **kwargs)
 
-    Generation._paths, generation.grow_tree, Generation.commit = every_source, log_tree, log_commit
+    proposing._paths, proposing.grow_tree, Generation.commit = every_source, log_tree, log_commit
     rows = []
     try:
         for i, point in enumerate(points):
@@ -102,7 +102,7 @@ def log_positions(forced, plain, index, points, max_tokens: int = 64) -> list[di
                          "same": logged.tokens == ar.tokens, "steps": list(steps)})
             print(f"\rpositions: {i + 1}/{len(points)} points", end="", file=sys.stderr, flush=True)
     finally:
-        Generation._paths, generation.grow_tree, Generation.commit = saved
+        proposing._paths, proposing.grow_tree, Generation.commit = saved
     print(file=sys.stderr)
     return rows
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import specdec_kernels as kernels
 from specdec.adapted import adapted_draft_for, check_fits
 from specdec.budget import VerifyCost
+from specdec.decoding import DecodeContext
 from specdec.eagle import is_eagle3, load_eagle3
 from specdec.fim import PromptBuilder
 from specdec.fim_formats import FimFormatError, order
@@ -24,7 +25,7 @@ from specdec.handle import CompletionHandle
 from specdec.history import SuggestionHistory
 from specdec.loader import load_model
 from specdec.options import CompletionOptions, OptionsError
-from specdec.policy import PolicyBook, PolicyPair
+from specdec.policy import PolicyBook
 from specdec.prefetch import PrefetchCounts, Prefetcher
 from specdec.prompt_cache import PromptCache
 from specdec.quantize import loads_packed, quantize_target
@@ -67,7 +68,19 @@ class EngineMetrics:
 PROMPT_TOKENS = 1024
 
 
+def _decoding(name: str) -> property:
+    """An engine attribute that lives in its DecodeContext, where every generation reads it."""
+    return property(lambda self: getattr(self.decode, name), lambda self, value: setattr(self.decode, name, value),
+                    doc=f"DecodeContext.{name}")
+
+
 class Engine:
+    target, draft, head, index = _decoding("target"), _decoding("draft"), _decoding("head"), _decoding("index")
+    prompts, prompt_cache, prefetcher = _decoding("prompts"), _decoding("prompt_cache"), _decoding("prefetcher")
+    history, contexts, policies = _decoding("history"), _decoding("contexts"), _decoding("policies")
+    adaptive, max_tree_nodes, draft_depth = _decoding("adaptive"), _decoding("max_tree_nodes"), _decoding("draft_depth")
+    verify_cost, draft_min_prob = _decoding("verify_cost"), _decoding("draft_min_prob")
+
     def __init__(self, target, draft=None, index=None, *, head=None, max_tree_nodes: int = 64, draft_depth: int = 8,
                  adaptive: bool = True, warm_up: bool = True, fim_mode: str | None = None, prefetch: bool = True,
                  context: ContextSettings | None = None):
@@ -83,24 +96,16 @@ class Engine:
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise ValueError("draft and target vocabularies differ; the draft must share the target's tokenizer")
         kernels.configure_from_environment()
-        self.target, self.draft, self.index = target, draft, index
-        self.head = head  # an EAGLE-3 head drafts from the target's own hidden states
         if head is not None:  # never reset: another engine on the same target may have a head
             target.capture_layers = head.config.capture_layers(target.config.num_layers)
         fim_mode = fim_mode or target.config.raw.get("fim_mode")  # None: the family's default order
         positions = target.config.max_position_embeddings  # room to generate is kept after the prompt
-        self.prompts = PromptBuilder(target.tokenizer, fim_mode, min(PROMPT_TOKENS, max(positions // 2, positions - 256)))
-        self.prompt_cache = PromptCache()
-        self.policies = PolicyBook()
-        self.history = SuggestionHistory()
-        self.contexts = StableContext(context)
-        self.prefetcher = Prefetcher(enabled=prefetch)
-        self.max_tree_nodes, self.draft_depth = max_tree_nodes, draft_depth
-        self.adaptive = adaptive
+        prompts = PromptBuilder(target.tokenizer, fim_mode, min(PROMPT_TOKENS, max(positions // 2, positions - 256)))
+        self.decode = DecodeContext(
+            target, draft, head, prompts, PromptCache(), Prefetcher(enabled=prefetch), SuggestionHistory(),
+            StableContext(context), PolicyBook(), index, adaptive, max_tree_nodes, draft_depth)
         self.scheduler = Scheduler(self)
         self.lock = threading.Lock()  # one inline driver of the scheduler at a time
-        self.verify_cost: VerifyCost | None = None
-        self.draft_min_prob: float | None = None
         if warm_up:
             self.warm_up()
 
@@ -172,10 +177,6 @@ class Engine:
         """How much repository context later prompts get; the contexts chosen so far are dropped."""
         self.contexts = StableContext(settings)
 
-    def policies_for(self, document: str | None) -> PolicyPair:
-        """The document's SpeculationPolicy and the global prior; the same object twice for None."""
-        return PolicyPair(self.policies.for_document(document), self.policies.prior)
-
     # completing ---------------------------------------------------------------------------
 
     def submit(self, options: CompletionOptions) -> CompletionHandle:
@@ -189,7 +190,7 @@ class Engine:
         self.warm_up()
         if options.path is not None and self.index is not None:
             options = options.with_changes(path=self.index.relative(options.path))
-        generation = Generation(self, options)
+        generation = Generation(self.decode, options)
         self.prefetcher.dropping_for(options)  # the user did something else than accept
         self.scheduler.submit(generation)
         return CompletionHandle(self, generation)
@@ -208,7 +209,7 @@ class Engine:
         self.prefetcher.queue(options, suggestion, self._background_generation)
 
     def _background_generation(self, options: CompletionOptions) -> Generation:
-        generation = Generation(self, options)
+        generation = Generation(self.decode, options)
         generation.background = True
         return generation
 

@@ -21,37 +21,21 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from specdec import proposing
 from specdec.accept import Sampling, Uniforms, accept
-from specdec.budget import grow_tree, min_useful_prob
+from specdec.decoding import DecodeContext
 from specdec.detokenize import TextStream
-from specdec.drafting import (
-    DraftPath,
-    DraftRunner,
-    branch_paths,
-    cut_after,
-    head,
-    history_paths,
-    ngram_paths,
-    trie_paths,
-)
+from specdec.drafting import DraftRunner
 from specdec.eagle import EagleRunner
-from specdec.history import MATCH_LENGTHS, SELF_SEARCH_CHARS
 from specdec.model import Segment, StepInput
-from specdec.options import CompletionOptions, Strategy
-from specdec.policy import learn_acceptance, learn_draft, speed_key
+from specdec.options import CompletionOptions
+from specdec.policy import speed_key
 from specdec.prompt_cache import SideCaches
 from specdec.stats import Stats
 from specdec.stops import StopCut, rules_for
 from specdec.tree import TokenTree
 
 REPORTED_AS = {"suggestion": "history"}  # sources learned apart but reported as one (Stats.SOURCES)
-
-REPEAT_SEARCH_CHARS = 4_000  # of the text searched for a long repeat on a plain step (see _long_repeats)
-
-# Forced speculation (Engine(adaptive=False), eval --always-speculate) measures the sources'
-# acceptance apart from the hardware, so the draft's floor there is a confidence, not the
-# measured ratio of draft to target cost that the adaptive engine drafts by.
-FORCED_DRAFT_FLOOR = 0.05
 
 
 # What a request takes over from the prefetch job it continues (Generation._take_prefetch).
@@ -85,15 +69,15 @@ class Result:
 
 
 class Generation:
-    def __init__(self, engine, options: CompletionOptions):
-        self.engine, self.options = engine, options
+    def __init__(self, ctx: DecodeContext, options: CompletionOptions):
+        self.ctx, self.options = ctx, options
         self.state = State.QUEUED
         self.stop = StopCut(None, None)  # why it finished, once FINISHED
         self.error: Exception | None = None
         self.finished = threading.Event()
         self._cancel_reason: str | None = None  # set by another thread; acted on between steps
         self.listeners = []  # callback(text, done) on the scheduler thread, for streaming
-        self.policies = engine.policies_for(options.document)
+        self.policies = ctx.policies_for(options.document)
         # Built when the request begins, on the scheduler thread: a request superseded while
         # it waits (most keystrokes, when typing fast) is never tokenized.
         self.prompt = None
@@ -101,12 +85,12 @@ class Generation:
         self.committed: list[int] = []  # prompt then generated tokens (the target's sequence)
         self.cache = self.draft = self.eagle = self.spare = None
         self._plain = None  # a plain step's token and position tensors, reused (see _root_alone)
-        banned = tuple(sorted(engine.prompts.stop_ids)) if options.ignore_eos else ()
+        banned = tuple(sorted(ctx.prompts.stop_ids)) if options.ignore_eos else ()
         self.sampling = Sampling(options.temperature, options.top_p, options.top_k, banned)
         self.uniforms = Uniforms(options.seed)
         self.rules = rules_for(options.prefix, options.suffix, options.mode, options.n_indent, options.stop)
         self.generated: list[int] = []
-        self.stream = TextStream(engine.prompts.tokenizer, engine.prompts.token_bytes)  # the text of generated
+        self.stream = TextStream(ctx.prompts.tokenizer, ctx.prompts.token_bytes)  # the text of generated
         self.max_tokens = options.max_tokens  # the scheduler may cap it under load (cap_tokens)
         self.text, self.final_text = "", None
         self.speculating = False
@@ -192,23 +176,23 @@ class Generation:
 
     def begin(self) -> None:
         """Build the prompt and take its longest cached prefix; the rest is fed by prefill_segment()."""
-        engine, options = self.engine, self.options
+        ctx, options = self.ctx, self.options
         extra, reserve, repo, path = options.extra, 0, None, None
-        settings = engine.contexts.settings
-        if options.context == "auto" and engine.index is not None and settings.tokens:
-            retrieved, self.stats.retrieval_ms = engine.contexts.chunks(engine.index, options)
+        settings = ctx.contexts.settings
+        if options.context == "auto" and ctx.index is not None and settings.tokens:
+            retrieved, self.stats.retrieval_ms = ctx.contexts.chunks(ctx.index, options)
             extra, reserve = tuple(options.extra) + retrieved, settings.tokens
             if settings.repository_format:
-                repo, path = engine.index.name, engine.index.relative(options.path) if options.path else None
-        self.prompt = engine.prompts.build(options.prefix, options.suffix, extra, path, reserve=reserve,
+                repo, path = ctx.index.name, ctx.index.relative(options.path) if options.path else None
+        self.prompt = ctx.prompts.build(options.prefix, options.suffix, extra, path, reserve=reserve,
                                            fim_mode=options.fim_mode, repo=repo)
         self.stats.context_chunks, self.stats.context_tokens = self.prompt.context_chunks, self.prompt.context_tokens
         self.healing = self.prompt.healing
         self.committed = ids = list(self.prompt.ids)
         wants_prefetch = options.prefetch and not self.background  # "prefetch": false computes it all itself
-        if wants_prefetch and self._take_prefetch(engine.prefetcher.take(options, ids, self.max_tokens)):
+        if wants_prefetch and self._take_prefetch(ctx.prefetcher.take(options, ids, self.max_tokens)):
             return
-        entry, common = engine.prompt_cache.take(ids) if options.use_prompt_cache else (None, 0)
+        entry, common = ctx.prompt_cache.take(ids) if options.use_prompt_cache else (None, 0)
         if entry is not None:
             self.cache = entry.target
             reuse = min(common, self.cache.length, len(ids) - 1)
@@ -216,18 +200,18 @@ class Generation:
                 reuse = min(reuse, 0 if entry.features is None else len(entry.features))
             self.cache.truncate(reuse)
         else:
-            self.cache, reuse = engine.target.new_cache(len(ids) + options.max_tokens + 80), 0
-        uses_draft = options.sources.draft and engine.draft is not None
+            self.cache, reuse = ctx.target.new_cache(len(ids) + options.max_tokens + 80), 0
+        uses_draft = options.sources.draft and ctx.draft is not None
         if uses_draft:
             kept = entry is not None and entry.draft is not None
-            self.draft = DraftRunner(engine.draft, *((entry.draft, entry.draft_tokens) if kept else ()))
+            self.draft = DraftRunner(ctx.draft, *((entry.draft, entry.draft_tokens) if kept else ()))
         # A request that drafts nothing (`ar`, or `trie` between hybrid requests) keeps the
         # entry's draft and head caches, so the document's next drafting request finds them.
         if entry is not None and not uses_draft and not self._needs_features(options):
             self.spare = entry.kept_to(reuse)
         if self._needs_features(options):
             kept = entry is not None and entry.features is not None
-            self.eagle = EagleRunner(engine.head, entry.features if kept else None, entry.head if kept else None,
+            self.eagle = EagleRunner(ctx.head, entry.features if kept else None, entry.head if kept else None,
                                      entry.head_synced if kept else 0)
             self.eagle.truncate(reuse)
         self.stats.prefill_tokens, self.stats.cached_tokens = len(ids) - reuse, reuse
@@ -256,7 +240,7 @@ class Generation:
         return True
 
     def _needs_features(self, options) -> bool:
-        return options.sources.draft and self.engine.head is not None
+        return options.sources.draft and self.ctx.head is not None
 
     def prefill_remaining(self) -> int:
         """Prompt tokens not yet in the cache (all but the last one, which the first step feeds)."""
@@ -305,99 +289,8 @@ class Generation:
         return self.healing.left if self.healing is not None else ""
 
     def propose(self, riding: int = 0) -> TokenTree:
-        """The token tree of this step: the sources' paths, grown within the verify budget.
-        riding: tokens of other requests in this step's forward (see grow_tree); a batched step's
-        speeds are learned apart from a lone one's, since its trees cost the step less."""
-        engine, sources = self.engine, self.options.sources
-        tree = TokenTree(self.committed[-1])
-        self.catch_up_ms = 0.0
-        self.riding = riding
-        self.speed_key = speed_key(self.options.strategy, riding > 0)
-        document_policy = self.policies.document
-        self.speculating = sources.speculates and (not engine.adaptive or document_policy.should_speculate(self.speed_key)
-                                                   or self._along_a_suggestion(sources))
-        paths = self._paths(sources, document_policy.acceptance) if self.speculating else self._long_repeats(sources)
-        self.repeat_only = not self.speculating and bool(paths)
-        if not self.speculating and not paths:
-            return tree
-        if self.healing_pending:
-            paths = [p for p in paths if p.tokens and self.healing.allows(p.tokens[0])]
-        if self.rules.single_line:  # its line's end ends the completion: nodes after it could never be used
-            paths = [cut_after(p, engine.prompts.newline_ids) for p in paths]
-        left = self.max_tokens - len(self.generated)  # nor can nodes past the token limit
-        paths = [head(p, left) for p in paths]
-        grow_tree(tree, paths, engine.verify_cost, engine.max_tree_nodes, force=not engine.adaptive, riding=riding)
-        self.stats.tree_nodes += len(tree)
-        return tree
-
-    def _along_a_suggestion(self, sources: Strategy) -> bool:
-        """Speculate, whatever the measured speeds say, while the text runs along an earlier
-        suggestion of this document: then whole lines are accepted at once, which periodic
-        exploration alone would find too late."""
-        return sources.history and self.engine.history.typing_along(self.options.document, self.options.prefix,
-                                                                         self.text)
-
-    def _long_repeats(self, sources: Strategy) -> list[DraftPath]:
-        """On a step the policy decodes plainly, hybrid still offers what followed a long tail
-        match (MATCH_LENGTHS[:2], 48 or 24 characters) in the document's suggestions or earlier in
-        its own text: a string search costs microseconds, where the trie and the draft cost a
-        good part of a step. It catches a completion that repeats what it or the file already
-        wrote (a run of `str, str, ...` to the token limit), which the measured speeds would
-        leave plain; the tree is still cut to what its priced acceptance pays for. 12-character
-        tails matched too often to pay. The text is searched only REPEAT_SEARCH_CHARS back: the
-        search runs at every plain step, and the repeats it finds lie within a few hundred
-        characters (on flask, all but one in 300 within 2,000)."""
-        if not sources.history:
-            return []
-        return self._history_paths(self.policies.document.acceptance, MATCH_LENGTHS[:2], REPEAT_SEARCH_CHARS)
-
-    def _history_paths(self, acceptance, lengths=None, search_chars: int = SELF_SEARCH_CHARS) -> list[DraftPath]:
-        """The suggestion history's paths after the text so far (tail lengths: MATCH_LENGTHS),
-        the text itself searched `search_chars` back."""
-        healed = self.healing_left
-        # Only what the search reads: a prefix is often the whole file, copied at every step.
-        searched = self.options.prefix[-search_chars - 1 :] + self.text
-        return history_paths(self.engine.history, self.options.document, searched,
-                             self.engine.prompts.encode, healed, acceptance, lengths=lengths)
-
-    def _paths(self, sources: Strategy, acceptance) -> list[DraftPath]:
-        engine, paths = self.engine, []
-        healed = self.healing_left
-        before_cursor = self.options.prefix + self.text
-        if sources.trie:
-            paths += trie_paths(engine.index, before_cursor, self.options.path, engine.prompts.encode, healed, acceptance)
-        if sources.history:
-            paths += self._history_paths(acceptance)
-        if sources.ngram:
-            paths += ngram_paths(self.committed, acceptance)
-        drafter = self.eagle if self.eagle is not None else self.draft
-        if drafter is not None:
-            if drafter is self.draft:
-                self._catch_up()
-            # A draft token must pay for its draft forward and for its place in the tree; when
-            # speculation is forced, costs are no concern, and the draft drafts while it is not guessing.
-            floor = FORCED_DRAFT_FLOOR
-            if engine.adaptive:
-                floor = max(engine.draft_min_prob, min_useful_prob(engine.verify_cost, self.riding))
-                floor /= acceptance.draft_scale
-            first = self.healing.allowed if self.healing_pending else None
-            tokens, probs = drafter.chain(self.committed, engine.draft_depth, min(0.95, floor), first,
-                                          engine.prompts.stop_ids)
-            scale = acceptance.draft_scale
-            paths.append(DraftPath("draft", tokens, [p * scale for p in probs]))
-            paths += [DraftPath("draft", branch, [p * scale for p in branch_probs])
-                      for branch, branch_probs in branch_paths(tokens, probs, drafter.alternatives)]
-        return paths
-
-    def _catch_up(self) -> None:
-        """Bring the draft's cache up to the prompt before it first drafts. After a cold prompt
-        that is a prefill through the draft, paid once and kept by the prompt cache for the next
-        keystrokes: its time is not this step's, whose speed the policy learns (the scheduler
-        takes catch_up_ms out of the proposing time). Tokens generated since are fed by the
-        chain itself, as before, and counted."""
-        started = time.perf_counter()
-        self.draft.catch_up(self.prompt.ids)
-        self.catch_up_ms = (time.perf_counter() - started) * 1000
+        """The token tree of this step (specdec.proposing)."""
+        return proposing.propose(self, self.ctx, riding)
 
     def segment(self, tree: TokenTree) -> StepInput:
         """The tree's tokens for the batched forward. The small tensors
@@ -439,7 +332,7 @@ class Generation:
             by_source[reported] = by_source.get(reported, 0) + 1
         by_source["bonus"] += 1
         if len(tree) > 1:  # a root alone proposed nothing to learn from
-            self._learn(tree, result.nodes)
+            proposing.learn(self.policies, tree, result.nodes)
         new_tokens = [tree.tokens[n] for n in result.nodes] + [result.bonus]
         self.committed.extend(new_tokens)
         for token in new_tokens:
@@ -453,7 +346,7 @@ class Generation:
 
     def _append(self, token: int) -> bool:
         """Add one generated token; True when a stop rule ends the completion."""
-        if token in self.engine.prompts.stop_ids:
+        if token in self.ctx.prompts.stop_ids:
             self.finish("eos")
             return True
         self.generated.append(token)
@@ -483,18 +376,6 @@ class Generation:
         if "\n" not in self.text:
             return False
         return (time.perf_counter() - self.decode_started) * 1000 > budget
-
-    def _learn(self, tree: TokenTree, accepted_nodes) -> None:
-        depth_by_source, accepted = {}, {}
-        for node in range(1, len(tree)):
-            s = tree.sources[node]
-            depth_by_source[s] = max(depth_by_source.get(s, 0), tree.depths[node])
-        for node in accepted_nodes:
-            accepted[tree.sources[node]] = accepted.get(tree.sources[node], 0) + 1
-        for source, depth in depth_by_source.items():
-            learn_acceptance(self.policies, source, depth, accepted.get(source, 0))
-        predicted = sum(tree.probs[n] for n in range(1, len(tree)) if tree.sources[n] == "draft")
-        learn_draft(self.policies, predicted, accepted.get("draft", 0))
 
     # result -------------------------------------------------------------------------------
 
@@ -527,8 +408,8 @@ class Generation:
         """Give the caches back to the prompt cache for the next request, and the text to the
         document's suggestion history."""
         if self.options.sources.history and not self.background:  # a prefetch is nobody's suggestion yet
-            self.engine.history.record(self.options.document, self.options.prefix, self.current_text())
-        worth_keeping = self.cache is not None and self.cache.length >= self.engine.prompt_cache.min_reuse
+            self.ctx.history.record(self.options.document, self.options.prefix, self.current_text())
+        worth_keeping = self.cache is not None and self.cache.length >= self.ctx.prompt_cache.min_reuse
         if worth_keeping and self.options.use_prompt_cache:
-            self.engine.prompt_cache.put(self.committed, self.cache, self._side_caches())
+            self.ctx.prompt_cache.put(self.committed, self.cache, self._side_caches())
         self.cache = None

@@ -53,7 +53,7 @@ def generation(engine, prefix: str, suffix: str = "", **options):
     from specdec.generation import Generation
     from specdec.options import CompletionOptions
 
-    return Generation(engine, CompletionOptions(prefix, suffix, **options))
+    return Generation(engine.decode, CompletionOptions(prefix, suffix, **options))
 
 
 def code_prompts(count: int, seed: int = 0, before: int = 600, after: int = 200):

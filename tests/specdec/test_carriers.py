@@ -359,15 +359,15 @@ def test_batched_steps_learn_their_speeds_apart_from_lone_steps():
 def test_a_single_line_tree_stops_at_its_paths_first_newline(engine, monkeypatch):
     """A single-line completion ends at its first newline, so no tree node may follow one; a
     multi-line completion's paths run on across lines."""
-    from specdec import generation as generation_module
+    from specdec import proposing
 
-    offered, grow = [], generation_module.grow_tree
+    offered, grow = [], proposing.grow_tree
 
     def recording(tree, paths, *args, **kwargs):
         offered.extend(paths)
         return grow(tree, paths, *args, **kwargs)
 
-    monkeypatch.setattr(generation_module, "grow_tree", recording)
+    monkeypatch.setattr(proposing, "grow_tree", recording)
     newline = engine.prompts.newline_ids
     prefix = "value = compute(alpha, beta)\nresult = value + 1\n" * 3 + "value = comp"
 
