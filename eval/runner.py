@@ -72,7 +72,7 @@ def run_points(engine, index, points: list[Point], strategies, max_tokens: int, 
                 each = engines[label]
                 each.forget_history(None)  # no variant may find an earlier variant's answer of this point
                 if shown is not None:
-                    each.history.record(None, shown[0], shown[1])
+                    each.remember_suggestion(None, shown[0], shown[1])
                 result = _complete(each, index, point, strategy, max_tokens, context)
                 record = _record(point, result)
                 # The timed request reuses the context an earlier keystroke's request chose, as in an

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def _model_arguments(parser, repo_help: str) -> None:
-    from specdec.cli import add_model_arguments
+    from specdec import add_model_arguments
 
     parser.add_argument("--repo", type=Path, help=repo_help)
     add_model_arguments(parser)
@@ -30,7 +30,7 @@ def _tokens(text: str) -> int:
 
 
 def _default_context_tokens() -> int:
-    from specdec.retrieval import ContextSettings
+    from specdec import ContextSettings
 
     return ContextSettings.tokens
 
@@ -45,7 +45,7 @@ class ServeCommand:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8012)
         parser.add_argument("--api-key", default=None, help="or SPECDEC_API_KEY; protects all but /health")
-        from specdec.cli import add_expert_parallel_arguments
+        from specdec import add_expert_parallel_arguments
 
         add_expert_parallel_arguments(parser)
 
@@ -75,7 +75,7 @@ def _serve_expert_parallel(settings, statistics) -> None:
     import os
     import signal
 
-    from specdec import default_model_dir, expert_parallel
+    from specdec import default_model_dir, run_expert_parallel
     from specdec_server.main import load_engine, serve
 
     def stop_server(reason: str) -> None:
@@ -87,7 +87,7 @@ def _serve_expert_parallel(settings, statistics) -> None:
         serve(settings, load_engine(settings, model))
         return 0
 
-    expert_parallel.run(settings.target or default_model_dir() / "target", statistics, lead)
+    run_expert_parallel(settings.target or default_model_dir() / "target", statistics, lead)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ from fastapi import Depends, Request
 
 from specdec_server.errors import ApiError
 from specdec_server.schemas import parse_json
+from specdec_server.state import AppState
 
 
-def get_state(request: Request):
+def get_state(request: Request) -> AppState:
     return request.app.state.specdec
 
 
@@ -26,5 +27,5 @@ async def json_body(request: Request) -> dict:
     return parse_json(b"".join(chunks))
 
 
-StateDep = Annotated[object, Depends(get_state)]
+StateDep = Annotated[AppState, Depends(get_state)]
 BodyDep = Annotated[dict, Depends(json_body)]

@@ -21,6 +21,7 @@ from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
 from specdec import DEFAULT_STRATEGY, STRATEGIES, CompletionOptions
+from specdec_server.indexing import build_and_attach
 from specdec_server.longlived import freeze_what_is_loaded, return_freed_caches, unfreeze
 
 log = logging.getLogger("specdec.lsp")
@@ -182,7 +183,7 @@ def _reload_models(ls: CompletionServer, target: str | None, draft: str | None) 
         return
     old, ls.engine = ls.engine, engine
     if engine.index is None:  # indexed meanwhile, into the engine that was current then
-        engine.index = old.index
+        engine.attach_index(old.index)
     ls.log(f"models loaded: target={target or 'default'} draft={draft or 'default'}")
     _stop_when_idle(old)
     freeze_what_is_loaded()  # after the old engine is let go, so that its objects can be collected
@@ -204,8 +205,6 @@ def _into_index(ls: CompletionServer, uri: str) -> None:
 
 
 def _index_workspace(ls: CompletionServer) -> None:
-    from prefixcache import Index
-
     token = str(uuid.uuid4())
     try:
         ls.work_done_progress.create(token).result(timeout=10)
@@ -214,15 +213,12 @@ def _index_workspace(ls: CompletionServer) -> None:
         token = None
     started = time.perf_counter()
     try:
-        index = Index.build(ls.root)
-        index.prepare_retrieval()
+        index = build_and_attach(ls.root, lambda: ls.engine)
     except Exception as err:
         ls.log(f"indexing {ls.root} failed: {err}", types.MessageType.Error)
         return
-    ls.engine.index = index
     for uri in list(ls.workspace.text_documents):  # what was opened while indexing
         _into_index(ls, uri)
-    freeze_what_is_loaded()
     message = f"indexed {len(index.files)} files in {time.perf_counter() - started:.1f} s"
     ls.log(message)
     if token is not None:

@@ -5,7 +5,6 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -15,22 +14,13 @@ from starlette.requests import ClientDisconnect
 from specdec_server import openapi, routes_index, routes_infill, routes_openai, routes_ops
 from specdec_server.bridge import EngineBridge
 from specdec_server.errors import ApiError
+from specdec_server.indexing import build_and_attach
 from specdec_server.longlived import freeze_what_is_loaded, return_freed_caches, unfreeze
-from specdec_server.metrics import Metrics
 from specdec_server.settings import Settings, context_settings
+from specdec_server.state import AppState
 
 log = logging.getLogger("specdec.server")
 OPEN_PATHS = {"/health"}
-
-
-@dataclass
-class AppState:
-    settings: Settings
-    engine: object = None
-    bridge: EngineBridge = None
-    metrics: Metrics = field(default_factory=Metrics)
-    index_status: dict = field(default_factory=lambda: {"state": "none"})
-    started: float = field(default_factory=time.time)
 
 
 def load_engine(settings: Settings, target_model=None):
@@ -75,19 +65,13 @@ def create_app(settings: Settings, engine=None) -> FastAPI:
 
 
 def _build_index(state: AppState) -> None:
-    from prefixcache import Index
-
     state.index_status = {"state": "building", "repo": str(state.settings.repo)}
-    log.info("indexing %s", state.settings.repo)
     try:
-        idx = Index.build(state.settings.repo)
+        idx = build_and_attach(state.settings.repo, lambda: state.engine)
     except Exception as err:  # the server keeps serving without the prefix cache
         log.exception("indexing failed")
         state.index_status = {"state": "failed", "error": str(err)}
         return
-    idx.prepare_retrieval()  # read the files for retrieval before the index serves its first request
-    state.engine.index = idx
-    freeze_what_is_loaded()
     state.index_status = {"state": "ready", **{k: idx.summary.get(k) for k in ("indexed", "units", "build_seconds")}}
     log.info("index ready: %s", state.index_status)
 

@@ -5,7 +5,7 @@ errors that name the field, as llama.cpp's clients expect), so FastAPI cannot in
 are written here, with the server's own limits, for clients and for fuzzing (schemathesis).
 """
 
-from specdec.options import FIM_MODES
+from specdec import FIM_MODES
 from specdec_server.settings import Settings
 
 

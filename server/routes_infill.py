@@ -25,14 +25,14 @@ async def infill(request: Request, state: StateDep, body: BodyDep):
     if await request.is_disconnected():  # abandoned while queued in the server: skip the prompt work
         return Response(status_code=499)
     client = request.client.host if request.client else "-"
-    options = parsed["options"]
-    options = options.with_changes(document=document_key(client, options), slot=slot_key(client, parsed["slot"]))
-    if parsed["stream"]:
+    options = parsed.options
+    options = options.with_changes(document=document_key(client, options), slot=slot_key(client, parsed.slot))
+    if parsed.stream:
         handle = state.bridge.start(options)
-        return StreamingResponse(_stream(state, handle, options, parsed["response_fields"]),
+        return StreamingResponse(_stream(state, handle, options, parsed.response_fields),
                                  media_type="text/event-stream", headers=_retry_after(handle.busy_wait_ms()))
     result = await state.bridge.run(options, request)
-    return JSONResponse(select_fields(infill_body(result, state, options), parsed["response_fields"]),
+    return JSONResponse(select_fields(infill_body(result, state, options), parsed.response_fields),
                         headers=_retry_after(result.stats.expected_wait_ms if result.stats.stop_reason == "busy" else None))
 
 

@@ -27,11 +27,11 @@ async def completions(request: Request, state: StateDep, body: BodyDep):
     parsed = completions_request(body, state.settings)
     if await request.is_disconnected():  # abandoned while queued in the server: skip the prompt work
         return Response(status_code=499)
-    options, model = parsed["options"], parsed["model"]
+    options, model = parsed.options, parsed.model
     options = options.with_changes(document=document_key(request.client.host if request.client else "-", options))
     meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
             "model": model}
-    if parsed["stream"]:  # submitted before the stream starts: a refused request still gets its 4xx
+    if parsed.stream:  # submitted before the stream starts: a refused request still gets its 4xx
         return StreamingResponse(_stream(state, state.bridge.start(options), meta), media_type="text/event-stream")
     result = await state.bridge.run(options, request)
     return JSONResponse({**meta, "choices": [_choice(result.text, _finish_reason(result))],

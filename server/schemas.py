@@ -1,9 +1,9 @@
 """Request bodies of the editor protocols, checked field by field (unknown fields are ignored, as llama.cpp does)."""
 
 import json
+from dataclasses import dataclass
 
-from specdec import CompletionOptions, OptionsError
-from specdec.options import FIM_MODES
+from specdec import FIM_MODES, CompletionOptions, OptionsError
 from specdec_server.errors import ApiError
 from specdec_server.settings import Settings
 
@@ -92,7 +92,26 @@ def _sampling(body, default_temperature: float, samplers_gate: bool):
     return {"temperature": temperature, "top_p": top_p, "top_k": top_k if temperature > 0 else 0}
 
 
-def infill_request(body: dict, settings: Settings) -> dict:
+@dataclass(frozen=True)
+class InfillRequest:
+    """A parsed /infill body: the engine's options and how to answer."""
+
+    options: CompletionOptions
+    stream: bool
+    response_fields: list | None  # only these keys in the answer; None: all
+    slot: int  # llama.cpp's id_slot, -1 for any
+
+
+@dataclass(frozen=True)
+class CompletionsRequest:
+    """A parsed /v1/completions body: the engine's options and how to answer."""
+
+    options: CompletionOptions
+    stream: bool
+    model: str  # echoed in the answer
+
+
+def infill_request(body: dict, settings: Settings) -> InfillRequest:
     """llama.cpp /infill -> the engine's CompletionOptions, plus response options."""
     prompt = _text(body, "prompt", settings.max_prompt_chars)
     prefix = _text(body, "input_prefix", settings.max_prompt_chars) + prompt
@@ -122,7 +141,7 @@ def infill_request(body: dict, settings: Settings) -> dict:
     slot = _get(body, "id_slot", (int,), -1, none_ok=True)
     if slot < -1:
         raise ApiError(400, "'id_slot' must be >= 0 (or -1 for any slot)", "id_slot")
-    return {"options": options, "stream": stream, "response_fields": fields, "slot": slot}
+    return InfillRequest(options, stream, fields, slot)
 
 
 def _context(body) -> str:
@@ -156,7 +175,7 @@ def _extra(body, settings: Settings):
     return tuple(out)
 
 
-def completions_request(body: dict, settings: Settings) -> dict:
+def completions_request(body: dict, settings: Settings) -> CompletionsRequest:
     """OpenAI /v1/completions -> the engine's CompletionOptions, plus response options."""
     prompt = body.get("prompt", "")
     if isinstance(prompt, list):
@@ -181,4 +200,4 @@ def completions_request(body: dict, settings: Settings) -> dict:
                        context=_context(body), fim_mode=_fim_mode(body),
                        prefetch=_get(body, "prefetch", (bool,), True, none_ok=True),
                        ignore_eos=_get(body, "ignore_eos", (bool,), False, none_ok=True), **_sampling(body, 0.0, False))
-    return {"options": options, "stream": _get(body, "stream", (bool,), False, none_ok=True), "model": model}
+    return CompletionsRequest(options, _get(body, "stream", (bool,), False, none_ok=True), model)

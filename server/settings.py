@@ -46,6 +46,6 @@ class Settings:
 
 def context_settings(tokens: int | None):
     """The engine's repository-context settings with `tokens` for its budget (None: the defaults)."""
-    from specdec.retrieval import ContextSettings
+    from specdec import ContextSettings
 
     return ContextSettings() if tokens is None else ContextSettings(tokens=tokens)

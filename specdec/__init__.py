@@ -3,14 +3,17 @@
 What the server, the evaluation and users may rely on is exported here; see docs/architecture.md.
 """
 
+from specdec.cli import add_expert_parallel_arguments, add_model_arguments
 from specdec.config import ConfigError, ModelConfig
 from specdec.engine import Engine, EngineMetrics, default_model_dir, model_label
+from specdec.expert_parallel import run as run_expert_parallel
 from specdec.generation import IllegalTransition, Result, State
 from specdec.handle import CompletionHandle
 from specdec.loader import CheckpointError, load_model
 from specdec.model import Segment, Transformer
 from specdec.options import (
     DEFAULT_STRATEGY,
+    FIM_MODES,
     MODES,
     PLAIN,
     STRATEGIES,
@@ -19,14 +22,14 @@ from specdec.options import (
     OptionsError,
     Strategy,
 )
+from specdec.retrieval import ContextSettings
 from specdec.scheduler import FinishedRecord, QueueFull
 from specdec.stats import Stats
 from specdec.textmetrics import edit_similarity, levenshtein
 
-CompletionRequest = CompletionOptions  # the name before the options were one validated carrier
-
 __all__ = ["load_model", "Engine", "EngineMetrics", "default_model_dir", "model_label", "ModelConfig", "Transformer", "Segment",
-           "ConfigError", "CheckpointError", "CompletionOptions", "CompletionRequest", "OptionsError",
+           "ConfigError", "CheckpointError", "CompletionOptions", "OptionsError",
            "CompletionHandle", "Result", "Stats", "State", "IllegalTransition", "FinishedRecord", "STRATEGIES",
            "STRATEGY_TABLE", "Strategy", "PLAIN", "DEFAULT_STRATEGY",
-           "MODES", "QueueFull", "edit_similarity", "levenshtein"]
+           "MODES", "FIM_MODES", "QueueFull", "edit_similarity", "levenshtein", "ContextSettings",
+           "add_model_arguments", "add_expert_parallel_arguments", "run_expert_parallel"]

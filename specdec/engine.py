@@ -173,6 +173,18 @@ class Engine:
         """Turn prefetching after an accept on or off (off drops the jobs queued)."""
         self.prefetcher.set_enabled(enabled)
 
+    def attach_index(self, index) -> None:
+        """Serve from `index` (a prefixcache.Index, or None for none) from the next step on: its
+        files are read for retrieval first, off the scheduler's thread when called off it."""
+        if index is not None:
+            index.prepare_retrieval()
+        self.index = index
+
+    def remember_suggestion(self, document: str | None, prefix: str, text: str) -> None:
+        """Keep `text`, shown after `prefix` in `document`, as a suggestion the user may type
+        along (what a served hybrid completion does by itself; an evaluator replays its own)."""
+        self.history.record(document, prefix, text)
+
     def set_context(self, settings: ContextSettings) -> None:
         """How much repository context later prompts get; the contexts chosen so far are dropped."""
         self.contexts = StableContext(settings)

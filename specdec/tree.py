@@ -40,13 +40,6 @@ class TokenTree:
             for token in [t for t, child in kids.items() if child >= n]:
                 del kids[token]
 
-    def path_to(self, node: int) -> list[int]:
-        path = []
-        while node > 0:
-            path.append(node)
-            node = self.parents[node]
-        return path[::-1]
-
     def ancestor_mask(self) -> torch.Tensor:
         """[n, n] bool, True where column j is an ancestor of (or is) row i."""
         n = len(self.tokens)

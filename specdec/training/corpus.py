@@ -181,8 +181,3 @@ def corpus_summary(files) -> dict:
         per_package[f.package] = per_package.get(f.package, 0) + len(f.text)
     return {"files": len(files), "chars": sum(per_package.values()), "packages": len(per_package)}
 
-
-def files_from_texts(pairs) -> list[SourceFile]:
-    """SourceFiles from (path, text) pairs: what tests and small runs use instead of downloads."""
-    return [SourceFile(p, t) for p, t in pairs]
-
