@@ -16,7 +16,7 @@ from pathlib import Path
 if __name__ == "__main__" and sys.path and os.path.abspath(sys.path[0] or ".") == os.getcwd():
     sys.path.pop(0)
 
-from specdec.quantize import QUANTIZATIONS
+from specdec import QUANTIZATIONS
 from specdec_eval.points import sample_points
 from specdec_eval.report import write_markdown, write_plots
 from specdec_eval.runner import expert_load_summary, run_points, summarize
@@ -67,8 +67,7 @@ def _run(args, argv) -> int:
     import torch
 
     from prefixcache import Index
-    from specdec import PLAIN, Engine, default_model_dir
-    from specdec.retrieval import ContextSettings
+    from specdec import PLAIN, ContextSettings, Engine, default_model_dir
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     contexts = tuple(c.strip() for c in args.context.split(",") if c.strip())
@@ -96,7 +95,7 @@ def _run(args, argv) -> int:
                                                         warm_up=False, quantize=args.quantize), engine)
               for label, path in _drafts(args.drafts).items()}
     # What is loaded lives as long as the run: frozen, a full garbage collection no longer scans
-    # it (about 200 ms, which landed inside whichever point was being timed).
+    # it (a pause that would land inside whichever point was being timed).
     gc.collect()
     gc.freeze()
     records = run_points(engine, index, points, strategies, args.max_tokens, args.seed, baselines=baselines,

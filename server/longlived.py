@@ -1,8 +1,9 @@
 """Keeping what the server loads at start-up out of the garbage collector's full passes.
 
 A full collection scans every object the collector tracks. With the models, the tokenizer and
-an index loaded there are about 300,000, and one pass stops every thread for about 200 ms: the
-event loop's /health and the scheduler's steps alike, several times a minute under load. What
+an index loaded there are hundreds of thousands, and one pass stops every thread long enough to
+be felt: the event loop's /health and the scheduler's steps alike, several times a minute under
+load. What
 is loaded at start-up lives as long as the process, so once it is loaded it is moved to the
 collector's permanent generation (gc.freeze), and later passes scan only newer objects.
 
@@ -39,9 +40,8 @@ def return_freed_caches() -> bool:
 
     By default glibc raises its mmap threshold to the size of each mapping freed, so after the
     first evictions caches of every size come from the heap, whose free gaps it rarely gives
-    back: RSS kept rising once the prompt cache had reached its cap (+67 MB over the last two
-    minutes of a 10-minute soak, while the cache's own bytes stayed at the cap). Setting the
-    threshold fixes it. True when set; other C libraries are left as they are."""
+    back: RSS kept rising once the prompt cache had reached its cap, while the cache's own bytes
+    stayed at the cap. Setting the threshold fixes it. True when set; other C libraries are left as they are."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None

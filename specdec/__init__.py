@@ -22,6 +22,7 @@ from specdec.options import (
     OptionsError,
     Strategy,
 )
+from specdec.quantize import QUANTIZATIONS
 from specdec.retrieval import ContextSettings
 from specdec.scheduler import FinishedRecord, QueueFull
 from specdec.stats import Stats
@@ -31,5 +32,5 @@ __all__ = ["load_model", "Engine", "EngineMetrics", "default_model_dir", "model_
            "ConfigError", "CheckpointError", "CompletionOptions", "OptionsError",
            "CompletionHandle", "Result", "Stats", "State", "IllegalTransition", "FinishedRecord", "STRATEGIES",
            "STRATEGY_TABLE", "Strategy", "PLAIN", "DEFAULT_STRATEGY",
-           "MODES", "FIM_MODES", "QueueFull", "edit_similarity", "levenshtein", "ContextSettings",
+           "MODES", "FIM_MODES", "QueueFull", "edit_similarity", "levenshtein", "ContextSettings", "QUANTIZATIONS",
            "add_model_arguments", "add_expert_parallel_arguments", "run_expert_parallel"]

@@ -26,8 +26,8 @@ class VerifyCost:
 
     A start-up loop keeps the weights it reads in the CPU's cache; in service each step's tokens
     wake other experts, read from memory, and the draft and the caches evict them between steps.
-    So a measured 4-token verify cost 1.5x a plain step where served ones cost 2.6x, and trees
-    were built that did not pay. Each served forward's time, over the measured cost of its size,
+    So served verify passes cost more than the start-up loop measured, and trees priced by it
+    alone were built that did not pay. Each served forward's time, over the measured cost of its size,
     moves a running ratio for its size bucket (sizes below the next measured size). A bucket not
     yet served adds the measured cost's growth to the nearest smaller bucket served: the extra a
     served tree pays is mostly the experts it wakes, and a larger tree wakes few more once every

@@ -1,8 +1,8 @@
 """The text of a completion as its tokens arrive, equal to decoding them all at every token.
 
 A completion's stop rules read its whole text after every token, and decoding the whole token
-list again at each one cost a fast tokenizer some 55 microseconds a token in service (its tables
-are cold after the model's step), a few percent of a decode step. A byte-level BPE's text is the
+list again at each one grows with the completion and runs while the tokenizer's tables are
+cold after the model's step. A byte-level BPE's text is the
 UTF-8 of its tokens' bytes put end to end (a broken sequence reads U+FFFD), so the bytes of each
 token are looked up once per tokenizer and the text is their concatenation, decoded in C.
 

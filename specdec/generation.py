@@ -264,8 +264,8 @@ class Generation:
     def _prefilled(self, decode_started: float | None = None) -> None:
         # A request a user waits on brings the draft's cache up to the prompt when a step first
         # drafts (_catch_up): an adaptive engine rarely drafts, and syncing a cold prompt through
-        # the draft cost a fifth of the target's own prefill on every request that came to a new
-        # place. A request that generates nothing is a client warming the caches (llama.vim's
+        # the draft at every prefill would charge every request that came to a new place for a
+        # draft prefill it mostly never uses. A request that generates nothing is a client warming the caches (llama.vim's
         # n_predict 0), off the user's path: it warms the draft's too.
         if self.draft is not None and self.options.max_tokens == 0:
             self.draft.sync(self.committed)
@@ -305,9 +305,8 @@ class Generation:
 
     def _root_alone(self, token: int):
         """A plain step's segment: its two one-element tensors are made once per request and
-        rewritten through numpy views, since making them (tens of microseconds right after a
-        native step, with the interpreter's data out of the CPU's caches) cost more than the rest
-        of the segment. The forward reads them only while it runs."""
+        rewritten through numpy views, since making them right after a native step, with the
+        interpreter's data out of the CPU's caches, cost more than the rest of the segment. The forward reads them only while it runs."""
         if self._plain is None:
             tensors = (torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
             self._plain = (tensors, tensors[0].numpy(), tensors[1].numpy())

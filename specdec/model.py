@@ -103,7 +103,7 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         """For inference: one [q; k; v] projection (three small matmuls cost three dispatches),
         and the query and key heads normed and rotated together (one RMSNorm and one RoPE
-        instead of two each: 6% of a decode step on the CPU, with the same results bit for bit)."""
+        instead of two each: fewer dispatches on every CPU step, with the same results bit for bit)."""
         weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
         bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]) if self.cfg.attention_bias else None
         self._qkv = Projection(weight.detach(), None if bias is None else bias.detach())
