@@ -24,14 +24,14 @@ import statistics
 import sys
 from pathlib import Path
 
-from specdec import budget
-from specdec.drafting import common_prefix
+from specdec.decode import budget
+from specdec.decode.drafting import common_prefix
 
 
 def log_forced(forced, plain, index, points, max_tokens: int = 64) -> list[dict]:
     """Per point: `ar`'s times (on `plain`), and the forced hybrid's passes (accepted (source,
     depth) pairs) and proposed paths (source, first step or not, tokens followed, length)."""
-    from specdec import generation, proposing
+    from specdec.decode import generation, proposing
     from specdec_eval.runner import prepare_point
 
     accept, propose, commit = generation.accept, proposing._paths, generation.Generation.commit
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     from prefixcache import Index
     from specdec import Engine
     from specdec.engine import default_model_dir
-    from specdec.loader import load_model
+    from specdec.models.loader import load_model
     from specdec_eval.points import sample_points
 
     index = Index.build(args.repo)

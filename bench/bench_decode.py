@@ -120,15 +120,15 @@ def load_variant(models: Path, variant: str, target: Path | None = None):
         model.native_step = None
     elif variant == "native":
         if model.native_step is None:
-            from specdec.native import unsupported
+            from specdec.models.native import unsupported
 
             raise SystemExit(f"no native step: {unsupported(model) or 'no C compiler'}")
     elif variant == "int8":
-        from specdec.quantize import quantize_int8
+        from specdec.models.quantize import quantize_int8
 
         quantize_int8(model)
     elif variant == "compiled":
-        from specdec.compiled import compile_step
+        from specdec.models.compiled import compile_step
 
         compile_step(model)
     else:

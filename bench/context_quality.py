@@ -23,8 +23,8 @@ import torch
 
 from prefixcache import Index
 from specdec import Engine, edit_similarity
-from specdec.model_cache import default_target
-from specdec.retrieval import ContextSettings
+from specdec.models.model_cache import default_target
+from specdec.prompt.retrieval import ContextSettings
 from specdec_eval.metrics import exact_match, first_line, median, percentile
 from specdec_eval.points import sample_points
 

@@ -30,7 +30,7 @@ def step_times(model, repeats: int, traffic=None) -> dict:
     """Medians of a decode step and a 16-token verify at 512 cached tokens, interleaved."""
     import torch
 
-    from specdec.model import Segment
+    from specdec.models.model import Segment
 
     ids = torch.randint(100, model.config.vocab_size, (512 + 16,), generator=torch.Generator().manual_seed(0))
     cache = model.new_cache(600)
@@ -49,7 +49,7 @@ def step_times(model, repeats: int, traffic=None) -> dict:
 
 
 def worker(target: str, repeats: int) -> None:
-    from specdec import expert_parallel
+    from specdec.parallel import expert_parallel
 
     channel, model = expert_parallel.start(target)
     if channel.rank != 0:
@@ -83,7 +83,7 @@ def _launch(ranks: int, target: str, repeats: int) -> dict:
 
 
 def load_balance(stats_path: Path, load_path: Path, ranks: int) -> dict:
-    from specdec.distributed import placement, rank_loads, read_statistics
+    from specdec.parallel.distributed import placement, rank_loads, read_statistics
 
     stats, load = read_statistics(stats_path), read_statistics(load_path)
     out = {"stats": str(stats_path), "load": str(load_path), "ranks": ranks, "layers": []}

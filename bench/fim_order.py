@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from specdec import Engine, edit_similarity
-from specdec.model_cache import default_target
+from specdec.models.model_cache import default_target
 from specdec_eval.metrics import exact_match, first_line, median
 from specdec_eval.points import sample_points
 

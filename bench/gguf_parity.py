@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specdec import load_model
-from specdec.model_cache import default_target
+from specdec.models.model_cache import default_target
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from specdec import Segment, load_model
-from specdec.eagle import pack_for_cpu
-from specdec.model_cache import default_target
-from specdec.quantize import loads_packed
+from specdec.models.eagle import pack_for_cpu
+from specdec.models.model_cache import default_target
+from specdec.models.quantize import loads_packed
 from specdec.training.eagle3 import build_head, head_config
 
 

@@ -26,7 +26,7 @@ import httpx
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from bench.infill_vs_llamacpp import wait_ready  # noqa: E402
-from specdec.model_cache import default_target  # noqa: E402
+from specdec.models.model_cache import default_target  # noqa: E402
 
 BEFORE, AFTER, INTO_LINE = 120, 40, 4
 

@@ -31,7 +31,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_decode import LlamaBench  # noqa: E402
 from specdec import default_model_dir  # noqa: E402
-from specdec.model_cache import default_target  # noqa: E402
+from specdec.models.model_cache import default_target  # noqa: E402
 
 PREFIX_CHARS, SUFFIX_CHARS = 3000, 1000
 

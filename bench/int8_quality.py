@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec import default_model_dir, load_model
-from specdec.quantize import quantize_int8
+from specdec.models.quantize import quantize_int8
 from specdec.training.corpus import load_corpus
 from specdec.training.evaluate import by_hash
 

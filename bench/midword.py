@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from specdec import Engine, Segment, load_model
-from specdec.model_cache import default_target
-from specdec.quantize import loads_packed, quantize_target
+from specdec.models.model_cache import default_target
+from specdec.models.quantize import loads_packed, quantize_target
 
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{5,}")
 PREFIX_CHARS, SUFFIX_CHARS, MAX_TOKENS = 1500, 400, 24

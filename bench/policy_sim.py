@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from bench.acceptance_oracle import interpolate  # noqa: E402
-from specdec.drafting import common_prefix  # noqa: E402
+from specdec.decode.drafting import common_prefix  # noqa: E402
 
 MIN_SAMPLES = 20  # served steps of one tree size before its median replaces the curve's growth
 CONFIDENT = (0.5, 0.8, 0.95)  # buckets of the target's probability of its last token
@@ -45,9 +45,9 @@ def log_positions(forced, plain, index, points, max_tokens: int = 64) -> list[di
     """Per point: `ar`'s times and tokens, and per position (every step kept plain on `forced`,
     an Engine(adaptive=False) with a draft) each source's paths, lookup and draft times, and
     the target's top-2 probabilities of the token it committed there."""
-    from specdec import generation, proposing
-    from specdec.drafting import DraftPath, branch_paths, trie_paths
-    from specdec.history import MATCH_LENGTHS
+    from specdec.decode import generation, proposing
+    from specdec.decode.drafting import DraftPath, branch_paths, trie_paths
+    from specdec.decode.history import MATCH_LENGTHS
     from specdec_eval.runner import prepare_point
 
     steps, current = [], {}
@@ -111,7 +111,7 @@ def served_step_ms(plain, adaptive, index, points, max_tokens: int = 64) -> dict
     """{tree size: (median ms of a whole scheduler step, steps)}: size 1 from `ar`'s plain
     steps, larger sizes from adaptive hybrid's trees of long repeats (found by a string search,
     so the step is the tree's own cost); the two engines alternate point by point."""
-    from specdec import generation, scheduler
+    from specdec.decode import generation, scheduler
     from specdec_eval.runner import prepare_point
 
     times, current = defaultdict(list), {}
@@ -302,7 +302,7 @@ def draft_ms(step: dict, depth: int) -> float:
 
 def oracle(step: dict, confidence, costs: list, tokens=None):
     """Knows the outcome: verifies only the best path's accepted tokens, where that pays."""
-    from specdec.tree import TokenTree
+    from specdec.decode.tree import TokenTree
 
     tree = TokenTree(0)
     best, best_rate, best_path = 0, 1.0 / costs[1], None
@@ -327,9 +327,9 @@ def gated(table: AcceptanceTable, history=("history:48", "history:24"), trie_fir
     step (draft_first) and wherever the target's last token had at least `draft_when` of its
     probability; each node priced by `table`, the tree grown by the engine's grow_tree on the
     served costs. The draft is charged its forwards up to the deepest draft node kept."""
-    from specdec.budget import grow_tree
-    from specdec.drafting import DraftPath
-    from specdec.tree import TokenTree
+    from specdec.decode.budget import grow_tree
+    from specdec.decode.drafting import DraftPath
+    from specdec.decode.tree import TokenTree
 
     def policy(step, confidence, costs, tokens=None):
         first = step["position"] == 0
@@ -395,7 +395,7 @@ def main(argv=None) -> int:
     from prefixcache import Index
     from specdec import Engine
     from specdec.engine import default_model_dir
-    from specdec.loader import load_model
+    from specdec.models.loader import load_model
     from specdec_eval.points import sample_points
 
     if args.positions and args.positions.exists():

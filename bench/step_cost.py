@@ -55,7 +55,7 @@ def batch_step_ms(model, ids, context: int, batch: int, new: int) -> float:
 @torch.inference_mode()
 def _head_times(args, target, ids) -> list:
     """One drafting step of an EAGLE-3 head (its own output fed back), if the models have one."""
-    from specdec.eagle import is_eagle3, load_eagle3
+    from specdec.models.eagle import is_eagle3, load_eagle3
 
     if not is_eagle3(args.models / "head"):
         return []

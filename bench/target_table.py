@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from prefixcache import Index
     from specdec import Engine
-    from specdec.budget import min_useful_prob
+    from specdec.decode.budget import min_useful_prob
     from specdec.training.adapt import repository_files, split_files
 
     adapt_files, held_files = split_files(repository_files(args.repo))

@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from specdec import Engine, load_model  # noqa: E402
-from specdec.model_cache import installed_path, registry  # noqa: E402
-from specdec.quantize import loads_packed  # noqa: E402
-from specdec.stops import rules_for  # noqa: E402
+from specdec.decode.stops import rules_for  # noqa: E402
+from specdec.models.model_cache import installed_path, registry  # noqa: E402
+from specdec.models.quantize import loads_packed  # noqa: E402
 from specdec_eval.points import sample_points  # noqa: E402
 
 DECIDED = ("newline", "dedent", "suffix", "repeat", "word")  # stops the text decides, not a limit

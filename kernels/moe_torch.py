@@ -80,7 +80,7 @@ def grouped_moe(x, w_gate_up, w_down, topk_weights, topk_ids, act=None):
     expert, each projection is ONE grouped matmul over the sorted rows (torch._grouped_mm, with
     each expert's row range given as offsets), and each pair's output is written back to its
     slot once, so no accumulating scatter. Every shape depends only on T, which lets a
-    compiled step (specdec/compiled.py) trace it."""
+    compiled step (specdec/models/compiled.py) trace it."""
     num_tokens, top_k = topk_ids.shape
     flat_ids = topk_ids.reshape(-1)  # [T*A]
     order = torch.argsort(flat_ids, stable=True)  # pairs sorted by expert

@@ -14,7 +14,7 @@ class Settings:
     target: Path | None = None
     draft: Path | None = None
     fim_mode: str | None = None  # psm, spm or suffix_first; None: the target's config, else its family's default
-    quantize: str = "auto"  # specdec.quantize.QUANTIZATIONS: "auto" packs a GGUF target in 8-bit blocks
+    quantize: str = "auto"  # specdec.models.quantize.QUANTIZATIONS: "auto" packs a GGUF target in 8-bit blocks
     index_roots: list = field(default_factory=list)  # where /v1/index may read; default: the repo
     model_name: str = "specdec-default"
     max_body_bytes: int = 2 << 20
@@ -25,7 +25,7 @@ class Settings:
     max_queue: int = 64
     max_batch: int = 16
     max_index_file_bytes: int = 2 << 20
-    prefetch: bool = True  # compute the request after an accept while idle (specdec.prefetch)
+    prefetch: bool = True  # compute the request after an accept while idle (specdec.decode.prefetch)
     context_tokens: int | None = None  # prompt tokens for retrieved repository code; None: the engine's default
 
     @classmethod

@@ -4,13 +4,15 @@ What the server, the evaluation and users may rely on is exported here; see docs
 """
 
 from specdec.cli import add_expert_parallel_arguments, add_model_arguments
-from specdec.config import ConfigError, ModelConfig
+from specdec.decode.generation import IllegalTransition, Result, State
+from specdec.decode.handle import CompletionHandle
+from specdec.decode.scheduler import FinishedRecord, QueueFull
+from specdec.decode.stats import Stats
 from specdec.engine import Engine, EngineMetrics, default_model_dir, model_label
-from specdec.expert_parallel import run as run_expert_parallel
-from specdec.generation import IllegalTransition, Result, State
-from specdec.handle import CompletionHandle
-from specdec.loader import CheckpointError, load_model
-from specdec.model import Segment, Transformer
+from specdec.models.config import ConfigError, ModelConfig
+from specdec.models.loader import CheckpointError, load_model
+from specdec.models.model import Segment, Transformer
+from specdec.models.quantize import QUANTIZATIONS
 from specdec.options import (
     DEFAULT_STRATEGY,
     FIM_MODES,
@@ -22,10 +24,8 @@ from specdec.options import (
     OptionsError,
     Strategy,
 )
-from specdec.quantize import QUANTIZATIONS
-from specdec.retrieval import ContextSettings
-from specdec.scheduler import FinishedRecord, QueueFull
-from specdec.stats import Stats
+from specdec.parallel.expert_parallel import run as run_expert_parallel
+from specdec.prompt.retrieval import ContextSettings
 from specdec.textmetrics import edit_similarity, levenshtein
 
 __all__ = ["load_model", "Engine", "EngineMetrics", "default_model_dir", "model_label", "ModelConfig", "Transformer", "Segment",

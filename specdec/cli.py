@@ -11,13 +11,13 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from specdec import model_cache
-from specdec.config import ConfigError
-from specdec.distributed import ExpertParallelError
-from specdec.loader import CheckpointError
-from specdec.model_cache import ModelCacheError
+from specdec.models import model_cache
+from specdec.models.config import ConfigError
+from specdec.models.loader import CheckpointError
+from specdec.models.model_cache import ModelCacheError
+from specdec.models.quantize import QUANTIZATIONS
 from specdec.options import CONTEXTS, DEFAULT_STRATEGY, FIM_MODES, MODES, STRATEGIES, CompletionOptions
-from specdec.quantize import QUANTIZATIONS
+from specdec.parallel.distributed import ExpertParallelError
 
 COMMAND_GROUP = "specdec.commands"
 
@@ -84,8 +84,8 @@ def main(argv=None) -> int:
 def _adapt(args) -> int:
     import logging
 
-    from specdec.adapted import check_fits, read_card, repository_draft_dir, target_fingerprint
     from specdec.engine import default_model_dir
+    from specdec.models.adapted import check_fits, read_card, repository_draft_dir, target_fingerprint
     from specdec.training.adapt import AdaptSettings, adapt, changed_since, repository_files
 
     if not args.repo.is_dir():
@@ -200,7 +200,7 @@ def _complete(args) -> int:
         index = Index.build(args.repo)
     if not args.expert_parallel:
         return _complete_with(args, prefix, suffix, index, None)
-    from specdec import expert_parallel
+    from specdec.parallel import expert_parallel
 
     expert_parallel.run(args.target or default_model_dir() / "target", args.expert_stats,
                         lambda model, _channel: _complete_with(args, prefix, suffix, index, model))

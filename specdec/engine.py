@@ -14,28 +14,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import specdec_kernels as kernels
-from specdec.adapted import adapted_draft_for, check_fits
-from specdec.budget import VerifyCost
-from specdec.decoding import DecodeContext
-from specdec.eagle import is_eagle3, load_eagle3
-from specdec.fim import PromptBuilder
-from specdec.fim_formats import FimFormatError, order
-from specdec.generation import Generation
-from specdec.handle import CompletionHandle
-from specdec.history import SuggestionHistory
-from specdec.loader import load_model
+from specdec.decode.budget import VerifyCost
+from specdec.decode.decoding import DecodeContext
+from specdec.decode.generation import Generation
+from specdec.decode.handle import CompletionHandle
+from specdec.decode.history import SuggestionHistory
+from specdec.decode.policy import PolicyBook
+from specdec.decode.prefetch import PrefetchCounts, Prefetcher
+from specdec.decode.prompt_cache import PromptCache
+from specdec.decode.scheduler import Scheduler
+from specdec.models.adapted import adapted_draft_for, check_fits
+from specdec.models.eagle import is_eagle3, load_eagle3
+from specdec.models.loader import load_model
+from specdec.models.quantize import loads_packed, quantize_target
 from specdec.options import CompletionOptions, OptionsError
-from specdec.policy import PolicyBook
-from specdec.prefetch import PrefetchCounts, Prefetcher
-from specdec.prompt_cache import PromptCache
-from specdec.quantize import loads_packed, quantize_target
-from specdec.retrieval import ContextSettings, StableContext
-from specdec.scheduler import Scheduler
+from specdec.prompt.fim import PromptBuilder
+from specdec.prompt.fim_formats import FimFormatError, order
+from specdec.prompt.retrieval import ContextSettings, StableContext
 
 log = logging.getLogger("specdec.engine")
 
 
-_SAMPLE_CODE = Path(__file__).resolve().parent / "scheduler.py"  # real code tokens to time forwards with
+_SAMPLE_CODE = Path(__file__).resolve().parent / "decode" / "scheduler.py"  # real code tokens to time forwards with
 
 
 def default_model_dir() -> Path:
@@ -88,9 +88,9 @@ class Engine:
         for tests and measurements of speculation itself; True decides by measured speed.
         warm_up=False defers the hardware measurements to an explicit warm_up() call.
         fim_mode overrides the order named in the target's config.json (psm, spm, suffix_first).
-        prefetch=False never computes the request after an accept ahead (specdec.prefetch); it
+        prefetch=False never computes the request after an accept ahead (specdec.decode.prefetch); it
         runs only on a started engine (a server), whose loop has idle time to give it.
-        context: how much repository context a prompt gets from the index (specdec.retrieval)."""
+        context: how much repository context a prompt gets from the index (specdec.prompt.retrieval)."""
         if target.tokenizer is None:
             raise ValueError(f"{target.path}: the target model has no tokenizer.json")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
@@ -115,10 +115,10 @@ class Engine:
         """None: the embedded defaults (target and draft model; the EAGLE-3 head in
         default_models/head is the other choice, as draft=) and no index; index: an Index or its directory.
         With no draft given, a draft adapted to `repo` (or to the saved index) is used when it fits
-        the target (specdec.adapted); a draft given that was adapted against another target is refused.
+        the target (specdec.models.adapted); a draft given that was adapted against another target is refused.
         target_model: the target already loaded from `target` (an expert-parallel shard).
-        quantize "int8": the target's weights in int8 (specdec.quantize; CPU, fp32 models); "blocks"
-        (and "auto" for a GGUF target): its weights packed in 8-bit blocks (specdec.packed)."""
+        quantize "int8": the target's weights in int8 (specdec.models.quantize; CPU, fp32 models); "blocks"
+        (and "auto" for a GGUF target): its weights packed in 8-bit blocks (specdec.models.packed)."""
         defaults = default_model_dir()
         target_dir = target or defaults / "target"
         index_dir = index if isinstance(index, (str, Path)) else None
@@ -217,7 +217,7 @@ class Engine:
 
     def prefetch(self, options: CompletionOptions, suggestion: str) -> None:
         """Queue, as background work, the requests that accepting `suggestion` (returned for
-        `options`) would send: the scheduler runs them while no request waits (specdec.prefetch)."""
+        `options`) would send: the scheduler runs them while no request waits (specdec.decode.prefetch)."""
         self.prefetcher.queue(options, suggestion, self._background_generation)
 
     def _background_generation(self, options: CompletionOptions) -> Generation:

@@ -71,7 +71,7 @@ class CompletionOptions:
     context: str = "auto"  # auto: retrieve repository context when an index is attached; none: only `extra`
     fim_mode: str | None = None  # the prompt's order for this request; None: the engine's (checked against its family at submit)
     ignore_eos: bool = False  # llama.cpp's: the end-of-generation tokens are never picked; other stop rules still apply
-    prefetch: bool = True  # once answered, compute the next request after an accept while idle (specdec.prefetch)
+    prefetch: bool = True  # once answered, compute the next request after an accept while idle (specdec.decode.prefetch)
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:

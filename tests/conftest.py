@@ -22,7 +22,7 @@ import tempfile
 import pytest
 import torch
 
-from specdec.model_cache import models_home
+from specdec.models.model_cache import models_home
 
 # Where scripts/setup.sh pulled the real models (tests/specdec/test_real_model.py reads them there).
 # Everything else runs with an empty models cache, so that a CLI or server under test with no

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from specdec.config import ModelConfig
-from specdec.loader import save_model
-from specdec.model import Transformer
+from specdec.models.config import ModelConfig
+from specdec.models.loader import save_model
+from specdec.models.model import Transformer
 from specdec.training.tokenizer import SPECIAL_TOKENS, train_tokenizer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -50,7 +50,7 @@ def make_tiny_models(root: Path):
 
 def generation(engine, prefix: str, suffix: str = "", **options):
     """A Generation not yet submitted, for tests that drive the scheduler step by step."""
-    from specdec.generation import Generation
+    from specdec.decode.generation import Generation
     from specdec.options import CompletionOptions
 
     return Generation(engine.decode, CompletionOptions(prefix, suffix, **options))

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.eagle import Eagle3Config
-from specdec.loader import load_model, save_model
+from specdec.models.eagle import Eagle3Config
+from specdec.models.loader import load_model, save_model
 from specdec.training.corpus import corpus_summary, load_corpus
 from specdec.training.eagle3 import (
     DRAFT_VOCAB,
@@ -195,7 +195,7 @@ def _train_head_on_features(args) -> int:
 
 def _packs(path: Path) -> bool:
     """A GGUF teacher runs packed where the native step builds, as it serves."""
-    from specdec.quantize import loads_packed
+    from specdec.models.quantize import loads_packed
 
     return loads_packed(path, "auto")
 
@@ -267,7 +267,7 @@ def _initial_model(raw: dict, args, run_dir: Path):
 
 def _init_head(head, path: Path, teacher) -> None:
     """A head's weights and draft vocabulary from `path`; the embedding stays the teacher's."""
-    from specdec.eagle import load_eagle3
+    from specdec.models.eagle import load_eagle3
 
     start = load_eagle3(path, teacher).state_dict()
     start.pop("embed_tokens.weight")

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from specdec.adapted import CARD, read_card, target_fingerprint
 from specdec.engine import Engine, model_label
-from specdec.loader import load_model
+from specdec.models.adapted import CARD, read_card, target_fingerprint
+from specdec.models.loader import load_model
 from specdec.training.corpus import SourceFile
 from specdec.training.evaluate import draft_agreement
 from specdec.training.samples import SampleMaker
@@ -135,7 +135,7 @@ class _Student:
     def load(cls, draft_dir: Path, target, s: AdaptSettings) -> "_Student":
         from tokenizers import Tokenizer
 
-        from specdec.eagle import is_eagle3, load_eagle3
+        from specdec.models.eagle import is_eagle3, load_eagle3
         from specdec.training.eagle3 import head_loss_fn
 
         raw = json.loads((draft_dir / "config.json").read_text())
@@ -153,7 +153,7 @@ class _Student:
     def agreement(self, target, files, directory: Path | None = None) -> float:
         """Agreement with the target's argmax on `files` (first draft token for a head), of the
         model as trained or, with `directory`, as written there."""
-        from specdec.eagle import load_eagle3
+        from specdec.models.eagle import load_eagle3
         from specdec.training.evaluate import head_agreement
 
         if self.kind == "eagle3":

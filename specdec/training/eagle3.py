@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch.utils.checkpoint import checkpoint
 
-from specdec.eagle import ARCHITECTURE, Eagle3Config, Eagle3Head, target_weight
-from specdec.ops import apply_rope, rope_cos_sin
+from specdec.models.eagle import ARCHITECTURE, Eagle3Config, Eagle3Head, target_weight
+from specdec.models.ops import apply_rope, rope_cos_sin
 from specdec.training.recipe import train_forward
 
 DRAFT_VOCAB = 2048  # the most frequent target tokens: most argmaxes, at a quarter of the LM head's cost

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from specdec.eagle import is_eagle3, load_eagle3
 from specdec.engine import Engine, default_model_dir
-from specdec.loader import load_model
+from specdec.models.eagle import is_eagle3, load_eagle3
+from specdec.models.loader import load_model
 from specdec.textmetrics import edit_similarity
 from specdec.training.corpus import load_corpus
 from specdec.training.train import validation_metrics

@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specdec.model import Segment
+from specdec.models.model import Segment
 
 log = logging.getLogger("specdec.training")
 

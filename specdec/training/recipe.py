@@ -3,9 +3,9 @@
 import torch
 import torch.nn.functional as F
 
-from specdec.config import ModelConfig
-from specdec.model import SparseMoeBlock, Transformer
-from specdec.ops import apply_rope, rope_cos_sin
+from specdec.models.config import ModelConfig
+from specdec.models.model import SparseMoeBlock, Transformer
+from specdec.models.ops import apply_rope, rope_cos_sin
 
 VOCAB_SIZE = 8192
 CONTEXT = 2048
@@ -25,7 +25,7 @@ def _common(vocab_size: int, special_ids: dict) -> dict:
         "attention_bias": False,
         "attention_dropout": 0.0,
         "torch_dtype": "bfloat16",
-        "fim_mode": "spm",  # read by specdec.fim: which order the model was trained to prefer
+        "fim_mode": "spm",  # read by specdec.prompt.fim: which order the model was trained to prefer
     }
 
 

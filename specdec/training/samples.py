@@ -1,6 +1,6 @@
 """Training sequences: plain text and FIM (PSM and SPM), many with repository context chosen by retrieval.
 
-Formats (the same that specdec.fim assembles at completion time):
+Formats (the same that specdec.prompt.fim assembles at completion time):
   context  <|file_sep|>{path}\n{text}            repeated per context chunk, before the file
   plain    <|file_sep|>{path}\n{window}<|endoftext|>
   PSM      <|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>{middle}<|endoftext|>

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.config import ModelConfig
-from specdec.model import Transformer
+from specdec.models.config import ModelConfig
+from specdec.models.model import Transformer
 from specdec.training.recipe import init_weights, train_forward
 
 log = logging.getLogger("specdec.training")

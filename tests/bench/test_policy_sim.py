@@ -4,7 +4,7 @@ import pytest
 
 from bench.acceptance_oracle import interpolate
 from bench.policy_sim import AcceptanceTable, accepted_length, calibration, gated, oracle, replay, step_costs
-from specdec.tree import TokenTree
+from specdec.decode.tree import TokenTree
 
 SERVED = {1: (2.0, 500), 2: (3.0, 60), 3: (3.4, 5)}  # size 3 served too rarely to trust
 CURVE = {1: 2.0, 2: 2.5, 4: 3.5, 8: 5.0}

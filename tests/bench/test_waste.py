@@ -8,7 +8,7 @@ import pytest
 
 from bench.waste import waste
 from specdec import Engine, load_model
-from specdec.model_cache import installed_path
+from specdec.models.model_cache import installed_path
 from specdec_eval.points import sample_points
 from tests.conftest import PULLED_MODELS
 

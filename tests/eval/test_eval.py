@@ -120,7 +120,7 @@ def test_typing_along_mode_times_the_follow_up(tiny_models, tmp_path):
 def test_other_drafts_run_interleaved_on_held_out_files(tiny_models, tmp_path):
     import shutil
 
-    from specdec.adapted import CARD, target_fingerprint
+    from specdec.models.adapted import CARD, target_fingerprint
 
     repo = _tiny_repo(tmp_path)
     other = tmp_path / "adapted"

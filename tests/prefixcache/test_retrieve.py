@@ -5,7 +5,7 @@ import pytest
 
 from prefixcache import Index
 from specdec import Engine, load_model
-from specdec.retrieval import REFRESH_LINES, ContextSettings
+from specdec.prompt.retrieval import REFRESH_LINES, ContextSettings
 
 STORE = '''import redis
 

@@ -5,7 +5,7 @@ import argparse
 import httpx
 import pytest
 
-from specdec.retrieval import ContextSettings
+from specdec.prompt.retrieval import ContextSettings
 from tests.server.conftest import make_server
 from tests.server.test_protocols import VIM_BODY
 

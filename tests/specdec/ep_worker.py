@@ -12,7 +12,8 @@ import sys
 
 import torch
 
-from specdec import Engine, expert_parallel
+from specdec import Engine
+from specdec.parallel import expert_parallel
 
 PROMPT = "def total(values):\n    result = 0\n    for value in values:\n        result += value\n    return result\n\n\ndef mean(values):\n    "
 

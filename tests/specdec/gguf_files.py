@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.detokenize import _byte_alphabet
+from specdec.prompt.detokenize import _byte_alphabet
 
 # transformers name part -> llama.cpp's, as its converter writes them
 BLOCK_PARTS = {

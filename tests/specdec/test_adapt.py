@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 
 from specdec import Engine
-from specdec.adapted import CARD, AdaptedDraftMismatch, adapted_draft_for, repository_draft_dir, target_fingerprint
 from specdec.cli import main as cli_main
+from specdec.models.adapted import (
+    CARD,
+    AdaptedDraftMismatch,
+    adapted_draft_for,
+    repository_draft_dir,
+    target_fingerprint,
+)
 from specdec.training.adapt import AdaptError, AdaptSettings, adapt, changed_since, repository_files, split_files
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +73,7 @@ def test_a_draft_adapted_against_another_target_is_refused(adapted, tmp_path, ti
     card_path.write_text(json.dumps({**card, "target_fingerprint": "0" * 64}))
     with pytest.raises(AdaptedDraftMismatch, match="adapted against another target"):
         Engine.from_pretrained(tiny_models[0], repository_draft_dir(foreign))
-    with caplog.at_level(logging.WARNING, logger="specdec.adapted"):
+    with caplog.at_level(logging.WARNING, logger="specdec.models.adapted"):
         assert adapted_draft_for(tiny_models[0], repo=foreign) is None
     assert "falling back to the shipped one" in caplog.text
     source = foreign / "a.py"

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from specdec import CompletionOptions, Engine, IllegalTransition, OptionsError, State, Stats, load_model
-from specdec.drafting import DraftPath, ngram_paths
-from specdec.policy import AcceptanceStats, PolicyBook
+from specdec.decode.drafting import DraftPath, ngram_paths
+from specdec.decode.policy import AcceptanceStats, PolicyBook
 from tests.helpers import code_prompts, generation
 
 
@@ -151,7 +151,7 @@ def test_stats_count_tree_nodes_and_experts_woken(engine):
 
 
 def test_history_knows_when_the_text_runs_along_a_suggestion():
-    from specdec.history import SuggestionHistory
+    from specdec.decode.history import SuggestionHistory
 
     history = SuggestionHistory()
     prefix = "def area(radius):\n    "
@@ -167,8 +167,8 @@ def test_history_knows_when_the_text_runs_along_a_suggestion():
 def test_a_spike_in_the_measured_verify_costs_stays_where_it_was():
     """Measured on a busy machine, 2 tree tokens once took two steps: that must not price every
     larger tree at two steps too (the server would then never speculate)."""
-    from specdec.budget import SIZES, VerifyCost, grow_tree, non_decreasing_from_the_right
-    from specdec.tree import TokenTree
+    from specdec.decode.budget import SIZES, VerifyCost, grow_tree, non_decreasing_from_the_right
+    from specdec.decode.tree import TokenTree
 
     measured = [7.6, 14.9, 7.9, 8.1, 8.4, 8.8, 9.5, 10.2, 12.0, 13.5]
     fitted = non_decreasing_from_the_right(measured)
@@ -183,7 +183,7 @@ def test_served_forwards_correct_the_measured_verify_costs():
     """A start-up loop understates what a tree costs in service; served forwards move each size
     bucket's ratio, and a bucket not yet served adds its measured growth to the nearest smaller
     one served (its extra cost, not its ratio: large trees must stay worth trying)."""
-    from specdec.budget import SIZES, VerifyCost, min_useful_prob
+    from specdec.decode.budget import SIZES, VerifyCost, min_useful_prob
 
     measured = [2.0, 2.4, 3.0, 4.0, 4.8, 5.6, 7.0, 8.5, 11.0, 14.0]
     cost = VerifyCost(SIZES, measured)
@@ -207,8 +207,8 @@ def test_served_forwards_correct_the_measured_verify_costs():
 def test_a_tree_is_kept_at_the_size_that_pays_best_not_cut_at_the_first_costly_node():
     """In service the first extra token costs the most (it wakes other experts): a likely long
     chain must be built whole, although its first node alone does not pay; an unlikely one not."""
-    from specdec.budget import SIZES, VerifyCost, grow_tree
-    from specdec.tree import TokenTree
+    from specdec.decode.budget import SIZES, VerifyCost, grow_tree
+    from specdec.decode.tree import TokenTree
 
     served = VerifyCost(SIZES, [2.0, 4.0, 4.3, 4.6, 4.9, 5.2, 6.0, 7.0, 9.0, 11.0])
     likely = [0.8 * 0.97**k for k in range(12)]
@@ -228,7 +228,7 @@ def _grown_path_by_path(paths, cost, max_nodes, force):
     """The reference tree growth: each best node inserted as its whole path prefix from the root."""
     import heapq
 
-    from specdec.tree import TokenTree
+    from specdec.decode.tree import TokenTree
 
     tree = TokenTree(0)
     heap = [(-p.probs[0], i, 0) for i, p in enumerate(paths) if p.tokens]
@@ -263,8 +263,8 @@ def test_growing_a_tree_node_by_node_builds_the_tree_path_by_path_insertion_buil
     on overlapping paths of every source, under budgets that cut them."""
     import random
 
-    from specdec.budget import SIZES, VerifyCost, grow_tree
-    from specdec.tree import TokenTree
+    from specdec.decode.budget import SIZES, VerifyCost, grow_tree
+    from specdec.decode.tree import TokenTree
 
     rng = random.Random(7)
     cost = VerifyCost(SIZES, [2.0, 2.3, 2.8, 3.5, 4.2, 4.9, 6.0, 7.4, 9.8, 12.5])
@@ -298,7 +298,7 @@ def test_a_repetitive_suggestion_is_continued_from_where_the_user_is_along_it():
     """In a run like `str, str, ...` the tail also matches near the suggestion's end; the rest
     proposed must start where the user is (the first match past the cursor), and a repeated
     request (nothing typed yet) gets the whole suggestion."""
-    from specdec.history import SuggestionHistory
+    from specdec.decode.history import SuggestionHistory
 
     history = SuggestionHistory()
     prefix = "import typing\n\n" + "x = 1\n" * 10 + "Row = tuple["
@@ -329,8 +329,8 @@ def test_a_request_may_choose_its_fim_order(engine, tiny_models):
 def test_a_tree_riding_with_other_requests_is_priced_at_what_it_adds_to_their_step():
     """Where other requests' tokens have woken the experts, a tree's tokens add little to the
     step: nodes that do not pay alone pay there, and the draft's floor falls."""
-    from specdec.budget import SIZES, VerifyCost, grow_tree, min_useful_prob
-    from specdec.tree import TokenTree
+    from specdec.decode.budget import SIZES, VerifyCost, grow_tree, min_useful_prob
+    from specdec.decode.tree import TokenTree
 
     # alone, the second token costs 60% of a step; among 4 requests' tokens, about 10% of their step
     cost = VerifyCost(SIZES, [2.0, 3.2, 4.2, 5.0, 5.4, 5.8, 6.6, 7.4, 9.0, 10.6])
@@ -343,7 +343,7 @@ def test_a_tree_riding_with_other_requests_is_priced_at_what_it_adds_to_their_st
 
 
 def test_batched_steps_learn_their_speeds_apart_from_lone_steps():
-    from specdec.policy import SpeculationPolicy, speed_key
+    from specdec.decode.policy import SpeculationPolicy, speed_key
 
     policy = SpeculationPolicy()
     for _ in range(5):
@@ -359,7 +359,7 @@ def test_batched_steps_learn_their_speeds_apart_from_lone_steps():
 def test_a_single_line_tree_stops_at_its_paths_first_newline(engine, monkeypatch):
     """A single-line completion ends at its first newline, so no tree node may follow one; a
     multi-line completion's paths run on across lines."""
-    from specdec import proposing
+    from specdec.decode import proposing
 
     offered, grow = [], proposing.grow_tree
 
@@ -382,7 +382,7 @@ def test_a_single_line_tree_stops_at_its_paths_first_newline(engine, monkeypatch
 
 
 def test_no_tree_node_lies_past_the_token_limit(engine, monkeypatch):
-    from specdec.generation import Generation
+    from specdec.decode.generation import Generation
 
     steps, propose = [], Generation.propose
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec import Engine, Segment, load_model
-from specdec.compiled import compile_step, uncompile_step
+from specdec.models.compiled import compile_step, uncompile_step
 from tests.helpers import code_prompts
 
 

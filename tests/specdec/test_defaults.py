@@ -146,7 +146,7 @@ def test_adaptive_engine_falls_back_to_plain_decoding_when_speculation_is_slower
 
 
 def test_the_further_apart_the_step_speeds_the_rarer_the_exploration():
-    from specdec.policy import SpeculationPolicy
+    from specdec.decode.policy import SpeculationPolicy
 
     policy = SpeculationPolicy()
     policy.step_speed["draft"] = {"spec": 4.4, "plain": 4.0}  # 10% apart: the floor of 64
@@ -162,7 +162,7 @@ def test_exploration_keeps_its_interval_while_the_measured_speeds_move():
     come about one per interval."""
     import random
 
-    from specdec.policy import SpeculationPolicy
+    from specdec.decode.policy import SpeculationPolicy
 
     policy, rng = SpeculationPolicy(), random.Random(2)
     policy.step_speed["draft"] = {"spec": 3.0, "plain": 1.5}
@@ -177,7 +177,7 @@ def test_exploration_keeps_its_interval_while_the_measured_speeds_move():
 
 
 def test_one_stalled_step_does_not_reverse_the_decision():
-    from specdec.policy import SpeculationPolicy
+    from specdec.decode.policy import SpeculationPolicy
 
     policy = SpeculationPolicy()
     policy.step_speed["draft"] = {"spec": 2.6, "plain": 1.3}

@@ -6,9 +6,9 @@ import pytest
 from tokenizers import decoders
 
 from specdec import default_model_dir
-from specdec.detokenize import TextStream, token_bytes
-from specdec.fim import token_texts
-from specdec.loader import load_model
+from specdec.models.loader import load_model
+from specdec.prompt.detokenize import TextStream, token_bytes
+from specdec.prompt.fim import token_texts
 from tests.specdec.test_stops_fim import _sentencepiece_tokenizer
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from specdec.drafting import DraftPath, DraftRunner, branch_paths, cut_after
-from specdec.loader import load_model
+from specdec.decode.drafting import DraftPath, DraftRunner, branch_paths, cut_after
+from specdec.models.loader import load_model
 
 
 def test_branches_leave_the_chain_at_their_depth():
@@ -21,7 +21,7 @@ def test_a_path_is_cut_after_its_first_ending_token():
 
 
 def test_newline_tokens_are_those_whose_text_holds_one(tiny_models):
-    from specdec.fim import PromptBuilder
+    from specdec.prompt.fim import PromptBuilder
 
     prompts = PromptBuilder(load_model(tiny_models[0]).tokenizer)
     ids = prompts.encode("x = 1\n    y = 2\n\n")
@@ -50,7 +50,7 @@ def test_runner_ups_at_every_depth_are_the_drafts_own_distribution(tiny_models):
 
 
 def test_common_prefix_stops_at_the_first_difference():
-    from specdec.drafting import common_prefix
+    from specdec.decode.drafting import common_prefix
 
     assert common_prefix([1, 2, 3], [1, 2, 9, 3]) == 2
     assert common_prefix([1, 2], [1, 2, 3]) == 2
@@ -62,7 +62,7 @@ def test_common_prefix_of_token_lists_matches_a_plain_scan():
     found by comparing slices; it must equal a token-by-token scan, wherever the lists part."""
     import random
 
-    from specdec.drafting import common_prefix
+    from specdec.decode.drafting import common_prefix
 
     rng = random.Random(3)
     for _ in range(3000):

@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import save_file
 
 from specdec import Segment, load_model
-from specdec.config import ConfigError
-from specdec.eagle import Eagle3Config, is_eagle3, load_eagle3
+from specdec.models.config import ConfigError
+from specdec.models.eagle import Eagle3Config, is_eagle3, load_eagle3
 
 HIDDEN, DRAFT_VOCAB = 48, 40
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdec import Engine, load_model
-from specdec.distributed import ExpertParallelError, placement, rank_loads, read_statistics
+from specdec.parallel.distributed import ExpertParallelError, placement, rank_loads, read_statistics
 from tests.helpers import free_port
 from tests.specdec.ep_worker import PROMPT
 

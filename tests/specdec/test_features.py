@@ -8,7 +8,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from specdec import Engine, Segment, load_model
-from specdec.eagle import load_eagle3
+from specdec.models.eagle import load_eagle3
 from specdec.training.eagle3 import (
     TeacherLogits,
     build_head,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specdec import load_model
-from specdec.config import ConfigError
-from specdec.loader import CheckpointError
+from specdec.models.config import ConfigError
+from specdec.models.loader import CheckpointError
 from tests.specdec.gguf_files import FIM, write_gguf
 
 SHAPE = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -111,7 +111,7 @@ def test_experts_of_a_shard_are_read_alone(gguf_models):
 
 
 def test_memory_is_estimated_from_the_header_before_any_weight_is_read(gguf_models, monkeypatch):
-    from specdec import loader
+    from specdec.models import loader
 
     file = gguf_models["qwen2"][0]
     monkeypatch.setattr(loader, "available_bytes", lambda device: 1000)
@@ -140,7 +140,7 @@ def test_the_header_reader_agrees_with_ggufs_own_reader(gguf_models, tmp_path):
     import gguf
     import numpy as np
 
-    from specdec.gguf_header import GgufHeader
+    from specdec.models.gguf_header import GgufHeader
 
     for arch in ("llama", "qwen2moe"):
         file = gguf_models[arch][0]

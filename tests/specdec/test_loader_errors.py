@@ -66,7 +66,7 @@ def test_missing_directory_and_files(tmp_path):
 
 
 def test_a_model_that_will_not_fit_is_refused_before_loading(tiny_models, monkeypatch):
-    from specdec import loader
+    from specdec.models import loader
 
     need = loader.weight_bytes(tiny_models[0], torch.float32)
     half = loader.weight_bytes(tiny_models[0], torch.bfloat16)

@@ -120,7 +120,7 @@ def test_unknown_names_and_bad_registries_are_errors(index, tmp_path):
 
 
 def test_the_shipped_registry_pins_every_chunk():
-    from specdec.model_cache import REGISTRY
+    from specdec.models.model_cache import REGISTRY
 
     raw = json.loads(REGISTRY.read_text())
     assert raw["default"] in raw["models"]

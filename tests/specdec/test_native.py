@@ -1,4 +1,4 @@
-"""The native CPU decode step (specdec/native.py, kernels/cpu_decode.c): the same logits, cache
+"""The native CPU decode step (specdec/models/native.py, kernels/cpu_decode.c): the same logits, cache
 rows, expert statistics and captured hidden states as the eager step on every family it
 covers; the families it does not cover, and models rewritten after loading, decode eagerly."""
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec import Engine, Segment, default_model_dir, load_model, native
-from specdec.quantize import quantize_int8
+from specdec import Engine, Segment, default_model_dir, load_model
+from specdec.models import native
+from specdec.models.quantize import quantize_int8
 from tests.helpers import code_prompts
 
 COVERED = ["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"]

@@ -9,12 +9,13 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from specdec import load_model, native
-from specdec.config import ConfigError
-from specdec.loader import CheckpointError
-from specdec.model import Segment
-from specdec.packed import PackedMatrix, concat_rows, from_floats, from_gguf
-from specdec.quantize import quantize_target
+from specdec import load_model
+from specdec.models import native
+from specdec.models.config import ConfigError
+from specdec.models.loader import CheckpointError
+from specdec.models.model import Segment
+from specdec.models.packed import PackedMatrix, concat_rows, from_floats, from_gguf
+from specdec.models.quantize import quantize_target
 from specdec_kernels import cpu_decode
 from tests.specdec.gguf_files import write_gguf
 from tests.specdec.test_gguf import IDS, tiny_transformers_model
@@ -155,7 +156,7 @@ def test_packing_is_refused_with_a_clear_error_where_it_cannot_run(qwen2_files, 
 
 
 def test_a_packed_linear_multiplies_as_its_float_weights_within_activation_rounding():
-    from specdec.packed import PackedLinear
+    from specdec.models.packed import PackedLinear
 
     lib = cpu_decode.library()
     if lib is None:
@@ -170,7 +171,7 @@ def test_a_packed_linear_multiplies_as_its_float_weights_within_activation_round
 
 
 def test_a_packed_embedding_gives_the_rows_its_blocks_stand_for():
-    from specdec.packed import PackedEmbedding
+    from specdec.models.packed import PackedEmbedding
 
     rows = from_floats(RNG.standard_normal((37, 64)).astype(np.float32))  # rows past one tile of 16
     embedding = PackedEmbedding(PackedMatrix(rows))

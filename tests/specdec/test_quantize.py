@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec import Engine, Segment, load_model
-from specdec.quantize import Int8Weight, quantize_int8, quantize_target
+from specdec.models.quantize import Int8Weight, quantize_int8, quantize_target
 from tests.helpers import code_prompts
 
 
@@ -85,7 +85,7 @@ def test_auto_picks_int8_for_a_float32_cpu_target_without_a_native_step_only(tin
     assert getattr(quantize_target(eager, "auto"), "quantization", None) == "int8"
     assert getattr(quantize_target(load_model(target, dtype=torch.bfloat16), "auto"), "quantization", None) is None
     sharded = load_model(target)
-    for block in sharded.moe_blocks():  # as specdec.expert_parallel marks its shards
+    for block in sharded.moe_blocks():  # as specdec.parallel.expert_parallel marks its shards
         block.__class__ = type("Shard", (type(block),), {})
     assert getattr(quantize_target(sharded, "auto"), "quantization", None) is None
     with pytest.raises(ValueError, match="expert-parallel"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec import Engine, load_model
-from specdec.model_cache import installed_path
+from specdec.models.model_cache import installed_path
 from tests.conftest import PULLED_MODELS
 
 NAME = "qwen2.5-coder-0.5b"

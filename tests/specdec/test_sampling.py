@@ -3,7 +3,7 @@
 import torch
 
 from specdec import Engine, Segment, load_model
-from specdec.accept import Sampling, target_probs
+from specdec.decode.accept import Sampling, target_probs
 from tests.helpers import generation
 
 # Upper 0.1% points of the chi-square distribution, by degrees of freedom.
@@ -92,8 +92,8 @@ class _FirstTokenHeld:
 def test_acceptance_reads_a_numpy_view_of_the_logits_as_it_reads_the_tensor():
     """The scheduler hands a CPU forward's logits over as numpy: greedy, restricted (healing)
     and sampled acceptance must choose what they choose on the tensor."""
-    from specdec.accept import Uniforms, accept
-    from specdec.tree import TokenTree
+    from specdec.decode.accept import Uniforms, accept
+    from specdec.decode.tree import TokenTree
 
     generator = torch.Generator().manual_seed(3)
     for trial in range(40):
@@ -114,8 +114,8 @@ def test_acceptance_reads_a_numpy_view_of_the_logits_as_it_reads_the_tensor():
 
 def test_banned_tokens_are_never_picked_and_the_rest_is_unchanged():
     """ignore_eos bans tokens: greedy takes the best of the rest, on the tensor and on numpy alike."""
-    from specdec.accept import Uniforms, accept
-    from specdec.tree import TokenTree
+    from specdec.decode.accept import Uniforms, accept
+    from specdec.decode.tree import TokenTree
 
     logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(5))
     favourite = int(logits[0].argmax())

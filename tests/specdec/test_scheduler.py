@@ -167,7 +167,7 @@ def test_a_request_a_user_waits_on_goes_before_a_burst_of_keystrokes(tiny_models
 def test_requests_decoding_together_price_their_trees_as_riding_together(tiny_models, monkeypatch):
     """Each request's tree is told how many other requests' tokens share its step, and the
     policy keeps those steps' speeds apart."""
-    from specdec.generation import Generation
+    from specdec.decode.generation import Generation
 
     engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]))
     seen = []

@@ -1,7 +1,7 @@
 """Stop rules and prompt assembly (FIM order, context chunks, token healing)."""
 
-from specdec.fim import PromptBuilder
-from specdec.stops import rules_for
+from specdec.decode.stops import rules_for
+from specdec.prompt.fim import PromptBuilder
 
 
 def test_single_line_stops_at_newline():
@@ -211,7 +211,7 @@ def test_healing_an_indentation_lets_the_next_word_take_its_space():
     Healing the indentation as one token (8 spaces) made that split unreachable, and the model
     indented again or wrote nothing: the healed text may now be spelled over several tokens, and
     the `\n` that every continuation splits off stays in the prompt."""
-    from specdec.gguf_tokenizer import SPLITS
+    from specdec.models.gguf_tokenizer import SPLITS
 
     builder = PromptBuilder(_family_tokenizer(FAMILIES["qwen"][0], SPLITS["qwen2"]), "spm")
     prefix = "x = 1\n        "
@@ -233,7 +233,7 @@ def test_healing_an_indentation_lets_the_next_word_take_its_space():
 def test_fim_orders_and_refusals():
     import pytest
 
-    from specdec.fim import PromptError
+    from specdec.prompt.fim import PromptError
 
     qwen = _family_tokenizer(FAMILIES["qwen"][0])
     spm = PromptBuilder(qwen, "spm").build("a = ", "\nb = 2\n", heal=False)

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from specdec import default_model_dir
-from specdec.fim import PromptBuilder
-from specdec.loader import load_model
-from specdec.tokencache import TokenCache
+from specdec.models.loader import load_model
+from specdec.prompt.fim import PromptBuilder
+from specdec.prompt.tokencache import TokenCache
 
 SOURCES = sorted((Path(__file__).resolve().parents[2] / "specdec").glob("*.py"))
 

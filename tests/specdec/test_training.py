@@ -156,7 +156,7 @@ def test_recipe_trains_distils_and_exports_from_a_packed_corpus(tokenizer, tmp_p
     """The path a machine without network takes (python -m specdec.training ... --data), with a
     tiny step count: target, then the draft distilled from it, then export and load."""
     from specdec import Engine, load_model
-    from specdec.eagle import load_eagle3
+    from specdec.models.eagle import load_eagle3
     from specdec.training.__main__ import main
 
     packed = write_packed(_maker(tokenizer), tokens=600, seq_len=32, out=tmp_path / "packed.npz", block_rows=8)
@@ -181,7 +181,7 @@ def test_recipe_trains_distils_and_exports_from_a_packed_corpus(tokenizer, tmp_p
 
 def test_an_eagle3_head_learns_the_targets_features_and_loads_in_the_published_layout(tokenizer, tmp_path):
     from specdec import Engine
-    from specdec.eagle import is_eagle3, load_eagle3
+    from specdec.models.eagle import is_eagle3, load_eagle3
     from specdec.training.eagle3 import build_head, head_config, head_loss, head_loss_fn, save_head
 
     torch.manual_seed(0)
@@ -210,7 +210,7 @@ def test_an_eagle3_head_learns_the_targets_features_and_loads_in_the_published_l
 
 
 def test_recipe_trains_an_eagle3_head_and_exports_it(tokenizer, tmp_path):
-    from specdec.eagle import is_eagle3
+    from specdec.models.eagle import is_eagle3
     from specdec.training.__main__ import main
 
     packed = write_packed(_maker(tokenizer), tokens=600, seq_len=32, out=tmp_path / "packed.npz", block_rows=8)

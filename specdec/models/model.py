@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import specdec_kernels as kernels
-from specdec.config import ModelConfig
-from specdec.expert_stats import COUNT_EVERY, ExpertStatistics, NativeRoutes
-from specdec.kvcache import KVCache, under_inference_mode
-from specdec.ops import (
+from specdec.models.config import ModelConfig
+from specdec.models.expert_stats import COUNT_EVERY, ExpertStatistics, NativeRoutes
+from specdec.models.kvcache import KVCache, under_inference_mode
+from specdec.models.ops import (
     CpuLogitsHead,
     Projection,
     apply_rope,
@@ -29,7 +29,7 @@ from specdec.ops import (
     rope_cos_sin,
     rotate_pairs,
 )
-from specdec.rope import logit_scale, rope_frequencies
+from specdec.models.rope import logit_scale, rope_frequencies
 
 # N = new tokens in the flat batch, H = hidden, Hq/Hkv = heads, D = head dim, E = experts
 
@@ -294,7 +294,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x):
         weights, ids = self.route(x)  # [N, A] each
-        if hasattr(self.experts, "run"):  # int8 experts (specdec/quantize.py)
+        if hasattr(self.experts, "run"):  # int8 experts (specdec/models/quantize.py)
             out = self.experts.run(x, weights, ids, self.activation())
         else:
             out = kernels.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids,
@@ -304,13 +304,13 @@ class SparseMoeBlock(nn.Module):
     def route(self, x):
         """(weights, expert ids) [N, A] of each token, counted into the load statistics."""
         weights, ids = kernels.moe_route(self.gate(x), self.top_k, self.renormalize, self.routing, self.groups)
-        if not torch.compiler.is_compiling():  # a compiled step keeps no statistics (specdec/compiled.py)
+        if not torch.compiler.is_compiling():  # a compiled step keeps no statistics (specdec/models/compiled.py)
             self.file_ids(ids)
         return (weights * self.routed_scale if self.routed_scale != 1.0 else weights), ids
 
     def file_ids(self, ids) -> None:
         """Keep an eager forward's expert ids [N, A] for the load statistics (the native step
-        files all layers' at once on the model: specdec/expert_stats.py)."""
+        files all layers' at once on the model: specdec/models/expert_stats.py)."""
         self.latest_ids = ids
         self.uncounted_ids.append(ids)
         if len(self.uncounted_ids) >= self.COUNT_EVERY:
@@ -395,7 +395,7 @@ def _last(model, layer, x, attended, rows):
 
 class StepParts(NamedTuple):
     """The per-token stretches of a forward, between the attentions that read each sequence's
-    cache: eager here, compiled by specdec/compiled.py (same functions, same signatures)."""
+    cache: eager here, compiled by specdec/models/compiled.py (same functions, same signatures)."""
 
     first: Callable
     seam: Callable
@@ -406,8 +406,8 @@ EAGER_STEP = StepParts(_first, _seam, _last)
 
 
 class Transformer(ExpertStatistics, nn.Module):
-    step = EAGER_STEP  # an instance's own StepParts once compiled (specdec/compiled.py)
-    native_step = None  # short steps (decode, verify, batched users) in one native call (specdec/native.py)
+    step = EAGER_STEP  # an instance's own StepParts once compiled (specdec/models/compiled.py)
+    native_step = None  # short steps (decode, verify, batched users) in one native call (specdec/models/native.py)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -420,7 +420,7 @@ class Transformer(ExpertStatistics, nn.Module):
         # (num_layers: the last layer's output, before the final norm; the native step only)
         self.native_routes = NativeRoutes()
         self.rope_frequencies = rope_frequencies(cfg)  # None: plain RoPE at rope_theta
-        # {name: PackedMatrix} when the matrices are packed in 8-bit blocks (specdec.packed): they
+        # {name: PackedMatrix} when the matrices are packed in 8-bit blocks (specdec.models.packed): they
         # then exist only there (their parameters stay on the meta device) and only the native
         # step runs the model.
         self.packed = None

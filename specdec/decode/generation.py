@@ -21,19 +21,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from specdec import proposing
-from specdec.accept import Sampling, Uniforms, accept
-from specdec.decoding import DecodeContext
-from specdec.detokenize import TextStream
-from specdec.drafting import DraftRunner
-from specdec.eagle import EagleRunner
-from specdec.model import Segment, StepInput
+from specdec.decode import admission, proposing
+from specdec.decode.accept import Sampling, Uniforms, accept
+from specdec.decode.decoding import DecodeContext
+from specdec.decode.policy import speed_key
+from specdec.decode.prompt_cache import SideCaches
+from specdec.decode.stats import Stats
+from specdec.decode.stops import StopCut, rules_for
+from specdec.decode.tree import TokenTree
+from specdec.models.model import Segment, StepInput
 from specdec.options import CompletionOptions
-from specdec.policy import speed_key
-from specdec.prompt_cache import SideCaches
-from specdec.stats import Stats
-from specdec.stops import StopCut, rules_for
-from specdec.tree import TokenTree
+from specdec.prompt.detokenize import TextStream
 
 REPORTED_AS = {"suggestion": "history"}  # sources learned apart but reported as one (Stats.SOURCES)
 
@@ -102,7 +100,7 @@ class Generation:
         self.decode_started: float | None = None
         self.deadline: float | None = None  # a strict time budget's end, set when decoding begins
         self.in_burst = False  # it superseded a live request of its document (set by the scheduler)
-        self.background = False  # a prefetch job (specdec.prefetch): stepped only while no request waits
+        self.background = False  # a prefetch job (specdec.decode.prefetch): stepped only while no request waits
 
     # states -------------------------------------------------------------------------------
 
@@ -175,46 +173,19 @@ class Generation:
     # prefill ------------------------------------------------------------------------------
 
     def begin(self) -> None:
-        """Build the prompt and take its longest cached prefix; the rest is fed by prefill_segment()."""
+        """Build the prompt and take its longest cached prefix (specdec.decode.admission), or the prefetch
+        job computing this very request; the rest is fed by prefill_segment()."""
         ctx, options = self.ctx, self.options
-        extra, reserve, repo, path = options.extra, 0, None, None
-        settings = ctx.contexts.settings
-        if options.context == "auto" and ctx.index is not None and settings.tokens:
-            retrieved, self.stats.retrieval_ms = ctx.contexts.chunks(ctx.index, options)
-            extra, reserve = tuple(options.extra) + retrieved, settings.tokens
-            if settings.repository_format:
-                repo, path = ctx.index.name, ctx.index.relative(options.path) if options.path else None
-        self.prompt = ctx.prompts.build(options.prefix, options.suffix, extra, path, reserve=reserve,
-                                           fim_mode=options.fim_mode, repo=repo)
+        self.prompt, self.stats.retrieval_ms = admission.build_prompt(ctx, options)
         self.stats.context_chunks, self.stats.context_tokens = self.prompt.context_chunks, self.prompt.context_tokens
         self.healing = self.prompt.healing
         self.committed = ids = list(self.prompt.ids)
         wants_prefetch = options.prefetch and not self.background  # "prefetch": false computes it all itself
         if wants_prefetch and self._take_prefetch(ctx.prefetcher.take(options, ids, self.max_tokens)):
             return
-        entry, common = ctx.prompt_cache.take(ids) if options.use_prompt_cache else (None, 0)
-        if entry is not None:
-            self.cache = entry.target
-            reuse = min(common, self.cache.length, len(ids) - 1)
-            if self._needs_features(options):  # the head needs the target's features of every reused token
-                reuse = min(reuse, 0 if entry.features is None else len(entry.features))
-            self.cache.truncate(reuse)
-        else:
-            self.cache, reuse = ctx.target.new_cache(len(ids) + options.max_tokens + 80), 0
-        uses_draft = options.sources.draft and ctx.draft is not None
-        if uses_draft:
-            kept = entry is not None and entry.draft is not None
-            self.draft = DraftRunner(ctx.draft, *((entry.draft, entry.draft_tokens) if kept else ()))
-        # A request that drafts nothing (`ar`, or `trie` between hybrid requests) keeps the
-        # entry's draft and head caches, so the document's next drafting request finds them.
-        if entry is not None and not uses_draft and not self._needs_features(options):
-            self.spare = entry.kept_to(reuse)
-        if self._needs_features(options):
-            kept = entry is not None and entry.features is not None
-            self.eagle = EagleRunner(ctx.head, entry.features if kept else None, entry.head if kept else None,
-                                     entry.head_synced if kept else 0)
-            self.eagle.truncate(reuse)
-        self.stats.prefill_tokens, self.stats.cached_tokens = len(ids) - reuse, reuse
+        taken = admission.take_caches(ctx, options, ids)
+        self.cache, self.draft, self.eagle, self.spare = taken.cache, taken.draft, taken.eagle, taken.spare
+        self.stats.prefill_tokens, self.stats.cached_tokens = len(ids) - taken.reuse, taken.reuse
         self._enter(State.PREFILLING)
         if self.prefill_remaining() == 0:
             self._prefilled()
@@ -238,9 +209,6 @@ class Generation:
             self.stop = taken.stop
             self.finish(taken.stop.reason, taken.stop.matched)
         return True
-
-    def _needs_features(self, options) -> bool:
-        return options.sources.draft and self.ctx.head is not None
 
     def prefill_remaining(self) -> int:
         """Prompt tokens not yet in the cache (all but the last one, which the first step feeds)."""
@@ -289,7 +257,7 @@ class Generation:
         return self.healing.left if self.healing is not None else ""
 
     def propose(self, riding: int = 0) -> TokenTree:
-        """The token tree of this step (specdec.proposing)."""
+        """The token tree of this step (specdec.decode.proposing)."""
         return proposing.propose(self, self.ctx, riding)
 
     def segment(self, tree: TokenTree) -> StepInput:

@@ -19,7 +19,7 @@ def rms_norm(x, weight, eps: float, weight_in_fp32: bool = False):
 
 class Projection:
     """A weight and bias applied as F.linear, held outside the state dict: the fused qkv and the
-    CPU's input-major copy of a tied lm_head. specdec/quantize.py swaps in int8 ones."""
+    CPU's input-major copy of a tied lm_head. specdec/models/quantize.py swaps in int8 ones."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight, self.bias = weight, bias
@@ -51,7 +51,7 @@ def input_major(weight: torch.Tensor) -> torch.Tensor:
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float, frequencies=None, device=None):
-    """(inv_freq [D/2], attention factor): a scaled RoPE's `frequencies` (specdec.rope), else
+    """(inv_freq [D/2], attention factor): a scaled RoPE's `frequencies` (specdec.models.rope), else
     plain RoPE's at `theta`."""
     if frequencies is None:
         return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)), 1.0
@@ -61,7 +61,7 @@ def rope_inverse_frequencies(head_dim: int, theta: float, frequencies=None, devi
 
 def rope_cos_sin(positions, head_dim: int, theta: float, dtype, frequencies=None):
     """cos, sin [N, D] for rotate-half RoPE at the given positions; frequencies: (inv_freq [D/2],
-    attention factor) of a scaled RoPE (specdec.rope), else plain RoPE at `theta`."""
+    attention factor) of a scaled RoPE (specdec.models.rope), else plain RoPE at `theta`."""
     inv_freq, factor = rope_inverse_frequencies(head_dim, theta, frequencies, positions.device)
     freqs = positions.float()[:, None] * inv_freq[None]  # [N, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)

@@ -9,7 +9,7 @@ them, so a change reaches the next step.
 
 from dataclasses import dataclass
 
-from specdec.policy import PolicyBook, PolicyPair
+from specdec.decode.policy import PolicyBook, PolicyPair
 
 
 @dataclass

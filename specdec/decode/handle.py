@@ -8,7 +8,7 @@ import asyncio
 
 import torch
 
-from specdec.generation import Generation, Result
+from specdec.decode.generation import Generation, Result
 
 
 class CompletionHandle:

@@ -27,11 +27,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from specdec.config import ConfigError
-from specdec.drafting import runner_ups
-from specdec.kvcache import KVCache, under_inference_mode
-from specdec.model import RMSNorm
-from specdec.ops import apply_rope, rope_cos_sin
+from specdec.models.config import ConfigError
+from specdec.models.kvcache import KVCache, under_inference_mode
+from specdec.models.model import RMSNorm
+from specdec.models.ops import apply_rope, rope_cos_sin
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -170,7 +169,7 @@ def target_weight(target, name: str) -> torch.Tensor:
     weight = target.get_parameter(name)
     if weight.device.type != "meta":
         return weight.detach()
-    from specdec.gguf_checkpoint import GgufCheckpoint
+    from specdec.models.gguf_checkpoint import GgufCheckpoint
 
     return GgufCheckpoint(Path(target.path)).float_tensor(name)
 
@@ -182,7 +181,7 @@ def pack_for_cpu(head: Eagle3Head, target) -> bool:
 
     A drafting step is a few one-row products, where reading fp32 weights costs four bytes per
     weight; packed they cost one. Drafts stay drafts: the output is still the target's own."""
-    from specdec.packed import PackedEmbedding, PackedLinear, packs
+    from specdec.models.packed import PackedEmbedding, PackedLinear, packs
     from specdec_kernels import cpu_decode
 
     lib = cpu_decode.library() if getattr(target, "packed", None) else None
@@ -226,84 +225,3 @@ def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
     if target is not None:
         head.packed = pack_for_cpu(head, target)
     return head
-
-
-class EagleRunner:
-    """An EAGLE-3 head's cache and the target's features, in step with one sequence.
-
-    features[p] are the captured hidden states at position p, one row per token the target has
-    processed (its KV cache length). The head's cache holds the pairs (features[p], token p + 1)
-    for p < synced; drafting feeds the pairs it lacks, then its own outputs, and forgets the
-    speculated rows afterwards.
-    """
-
-    def __init__(self, head: Eagle3Head, features: torch.Tensor | None = None, cache: KVCache | None = None,
-                 synced: int = 0):
-        """features, cache, synced: what a prompt-cache entry kept of an earlier request."""
-        self.head = head
-        self.cache = cache if cache is not None else head.new_cache()
-        width = 3 * head.config.target_hidden_size
-        # Rows live in a buffer grown by doubling: appending a step's rows copies only them.
-        self._rows = features if features is not None else torch.zeros(0, width, dtype=head.dtype)
-        self._length = len(self._rows)
-        self.synced = synced if cache is not None else 0
-        self.cache.truncate(self.synced)
-        self.alternatives = []
-
-    @property
-    def features(self) -> torch.Tensor:
-        """[tokens the target processed, k*H] (a view of the buffer)."""
-        return self._rows[: self._length]
-
-    def extend(self, rows: torch.Tensor) -> None:
-        need = self._length + len(rows)
-        if need > len(self._rows):
-            grown = self._rows.new_zeros((max(need, 2 * len(self._rows)), self._rows.shape[1]))
-            grown[: self._length] = self._rows[: self._length]
-            self._rows = grown
-        self._rows[self._length : need] = rows
-        self._length = need
-
-    def truncate(self, length: int) -> None:
-        """Keep the features of the first `length` tokens (a prompt-cache prefix reused)."""
-        self._length = min(self._length, length)
-        self.synced = min(self.synced, max(0, length - 1))
-        self.cache.truncate(self.synced)
-
-    @under_inference_mode
-    def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
-        """Greedy target-vocabulary tokens after `committed` with their cumulative probabilities,
-        and the runner-ups at each depth in self.alternatives, as DraftRunner.chain gives them."""
-        self.alternatives = []
-        usable = min(len(self.features), len(committed) - 1)  # pairs (features[p], committed[p + 1])
-        if usable <= 0:
-            return [], []
-        self.cache.truncate(self.synced)
-        p = torch.arange(self.synced, usable)
-        logits, hidden = self.head(torch.tensor(committed[self.synced + 1 : usable + 1]), self.features[p], p + 1,
-                                   self.cache)
-        self.synced = usable
-        tokens, probs, cumulative = [], [], 1.0
-        for depth in range(max_depth):
-            prob = torch.softmax(self._restricted(logits[-1], allowed_first if depth == 0 else None), dim=-1)
-            best = int(prob.argmax())
-            token = int(self.head.to_target(torch.tensor(best)))
-            self.alternatives.append(runner_ups(prob, best, cumulative, min_prob, stop_ids, to_target=self.head.to_target))
-            cumulative *= float(prob[best])
-            if cumulative < min_prob:
-                break
-            tokens.append(token)
-            probs.append(cumulative)
-            if token in stop_ids or depth + 1 == max_depth:
-                break
-            position = torch.tensor([usable + 1 + depth])
-            logits, hidden = self.head(torch.tensor([token]), hidden[-1:], position, self.cache, fused=True)
-        self.cache.truncate(self.synced)  # the speculated rows go; the real pairs stay
-        return tokens, probs
-
-    def _restricted(self, logits, allowed_first):
-        if allowed_first is None:
-            return logits
-        targets = self.head.to_target(torch.arange(logits.numel()))
-        keep = torch.isin(targets, torch.as_tensor(allowed_first))
-        return logits.masked_fill(~keep, float("-inf")) if bool(keep.any()) else logits

@@ -15,7 +15,7 @@ import json
 import logging
 from pathlib import Path
 
-log = logging.getLogger("specdec.adapted")
+log = logging.getLogger("specdec.models.adapted")
 
 CARD = "adapt.json"
 REPO_DIR = ".specdec"

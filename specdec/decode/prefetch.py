@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from specdec.options import CompletionOptions
 
-log = logging.getLogger("specdec.prefetch")
+log = logging.getLogger("specdec.decode.prefetch")
 
 # Options that do not decide a completion's tokens: a request differing from a job only in these
 # is the job's request. Time limits are left out on purpose: a job runs without them (it is off

@@ -1,4 +1,4 @@
-"""Where speculated tokens come from: the prefix cache, the draft model, and n-gram lookup.
+"""Where speculated tokens come from: the prefix cache, the draft model or EAGLE-3 head, and n-gram lookup.
 
 Every source returns DraftPaths rooted after the last committed token.
 """
@@ -7,7 +7,9 @@ from typing import NamedTuple
 
 import torch
 
-from specdec.model import Segment
+from specdec.models.eagle import Eagle3Head
+from specdec.models.kvcache import KVCache, under_inference_mode
+from specdec.models.model import Segment
 
 
 class DraftPath(NamedTuple):
@@ -184,3 +186,84 @@ def common_prefix(a: list, b: list) -> int:
         else:
             hi = mid
     return lo
+
+
+class EagleRunner:
+    """An EAGLE-3 head's cache and the target's features, in step with one sequence.
+
+    features[p] are the captured hidden states at position p, one row per token the target has
+    processed (its KV cache length). The head's cache holds the pairs (features[p], token p + 1)
+    for p < synced; drafting feeds the pairs it lacks, then its own outputs, and forgets the
+    speculated rows afterwards.
+    """
+
+    def __init__(self, head: Eagle3Head, features: torch.Tensor | None = None, cache: KVCache | None = None,
+                 synced: int = 0):
+        """features, cache, synced: what a prompt-cache entry kept of an earlier request."""
+        self.head = head
+        self.cache = cache if cache is not None else head.new_cache()
+        width = 3 * head.config.target_hidden_size
+        # Rows live in a buffer grown by doubling: appending a step's rows copies only them.
+        self._rows = features if features is not None else torch.zeros(0, width, dtype=head.dtype)
+        self._length = len(self._rows)
+        self.synced = synced if cache is not None else 0
+        self.cache.truncate(self.synced)
+        self.alternatives = []
+
+    @property
+    def features(self) -> torch.Tensor:
+        """[tokens the target processed, k*H] (a view of the buffer)."""
+        return self._rows[: self._length]
+
+    def extend(self, rows: torch.Tensor) -> None:
+        need = self._length + len(rows)
+        if need > len(self._rows):
+            grown = self._rows.new_zeros((max(need, 2 * len(self._rows)), self._rows.shape[1]))
+            grown[: self._length] = self._rows[: self._length]
+            self._rows = grown
+        self._rows[self._length : need] = rows
+        self._length = need
+
+    def truncate(self, length: int) -> None:
+        """Keep the features of the first `length` tokens (a prompt-cache prefix reused)."""
+        self._length = min(self._length, length)
+        self.synced = min(self.synced, max(0, length - 1))
+        self.cache.truncate(self.synced)
+
+    @under_inference_mode
+    def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
+        """Greedy target-vocabulary tokens after `committed` with their cumulative probabilities,
+        and the runner-ups at each depth in self.alternatives, as DraftRunner.chain gives them."""
+        self.alternatives = []
+        usable = min(len(self.features), len(committed) - 1)  # pairs (features[p], committed[p + 1])
+        if usable <= 0:
+            return [], []
+        self.cache.truncate(self.synced)
+        p = torch.arange(self.synced, usable)
+        logits, hidden = self.head(torch.tensor(committed[self.synced + 1 : usable + 1]), self.features[p], p + 1,
+                                   self.cache)
+        self.synced = usable
+        tokens, probs, cumulative = [], [], 1.0
+        for depth in range(max_depth):
+            prob = torch.softmax(self._restricted(logits[-1], allowed_first if depth == 0 else None), dim=-1)
+            best = int(prob.argmax())
+            token = int(self.head.to_target(torch.tensor(best)))
+            self.alternatives.append(runner_ups(prob, best, cumulative, min_prob, stop_ids, to_target=self.head.to_target))
+            cumulative *= float(prob[best])
+            if cumulative < min_prob:
+                break
+            tokens.append(token)
+            probs.append(cumulative)
+            if token in stop_ids or depth + 1 == max_depth:
+                break
+            position = torch.tensor([usable + 1 + depth])
+            logits, hidden = self.head(torch.tensor([token]), hidden[-1:], position, self.cache, fused=True)
+        self.cache.truncate(self.synced)  # the speculated rows go; the real pairs stay
+        return tokens, probs
+
+    def _restricted(self, logits, allowed_first):
+        if allowed_first is None:
+            return logits
+        targets = self.head.to_target(torch.arange(logits.numel()))
+        keep = torch.isin(targets, torch.as_tensor(allowed_first))
+        return logits.masked_fill(~keep, float("-inf")) if bool(keep.any()) else logits

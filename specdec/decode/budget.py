@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from specdec.model import Segment
+from specdec.models.model import Segment
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 

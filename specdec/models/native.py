@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdec.model import Attention, DenseMLP, ForwardOut, SparseMoeBlock, Transformer
-from specdec.ops import CpuLogitsHead, Projection, rope_inverse_frequencies
+from specdec.models.model import Attention, DenseMLP, ForwardOut, SparseMoeBlock, Transformer
+from specdec.models.ops import CpuLogitsHead, Projection, rope_inverse_frequencies
 from specdec_kernels import cpu_decode
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ class NativeStep:
         if self.stale or [weight._version for weight in self.copied] != self.copied_versions:
             if not self.stale:
                 log.warning("weights edited in place after the native step was bound: decoding eagerly "
-                            "until specdec.native.bind(model) is called again")
+                            "until specdec.models.native.bind(model) is called again")
             self.stale = True
             return False
         return self.embed._parameters["weight"].data_ptr() == self.embed_ptr  # the dict: Module.__getattr__ costs more

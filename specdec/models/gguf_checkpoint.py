@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.config import ConfigError
-from specdec.gguf_header import GgufFormatError, GgufHeader
+from specdec.models.config import ConfigError
+from specdec.models.gguf_header import GgufFormatError, GgufHeader
 
 # GGUF architecture -> (transformers architecture, model_type)
 ARCHITECTURES = {
@@ -191,7 +191,7 @@ class GgufCheckpoint:
         lm_head, embedding) come as PackedRows made from their own blocks, never as floats."""
         from gguf import GGMLQuantizationType
 
-        from specdec.packed import BLOCK, from_gguf
+        from specdec.models.packed import BLOCK, from_gguf
 
         for name, tensor in self.tensors.items():
             hf, part = self.hf_name(name), _block_part(name)

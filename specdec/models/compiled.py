@@ -4,7 +4,7 @@ On a small model a CPU step is mostly dispatch: each of a few hundred small ops 
 microseconds of Python and ATen overhead, more than its arithmetic. Inductor fuses the norms,
 RoPE, residuals, routing and the activation into a few generated C++ loops around the matmuls.
 
-What is compiled is StepParts (specdec/model.py): the embedding and layer 0's projections, each
+What is compiled is StepParts (specdec/models/model.py): the embedding and layer 0's projections, each
 seam from one layer's attention output to the next layer's projections, and the last layer's
 rest with the logits. Attention stays eager, since it loops over the batch's sequences, each
 with its own cache and length; that keeps every compiled graph's shapes a function of the flat
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from specdec import native
-from specdec.model import EAGER_STEP, Segment, StepParts, Transformer
+from specdec.models import native
+from specdec.models.model import EAGER_STEP, Segment, StepParts, Transformer
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ import weakref
 import torch
 
 import specdec_kernels as kernels
-from specdec import native
-from specdec.distributed import OP_FORWARD, OP_HEARTBEAT, OP_STOP, Channel, ExpertParallelError, placement
-from specdec.kvcache import KVCache
-from specdec.model import Segment, SparseMoeBlock, Transformer
+from specdec.models import native
+from specdec.models.kvcache import KVCache
+from specdec.models.model import Segment, SparseMoeBlock, Transformer
+from specdec.parallel.distributed import OP_FORWARD, OP_HEARTBEAT, OP_STOP, Channel, ExpertParallelError, placement
 
-log = logging.getLogger("specdec.expert_parallel")
+log = logging.getLogger("specdec.parallel.expert_parallel")
 
 # KV-cache operations replayed on the followers, as int64 records [code, cache id, arguments...]
 NEW, CLONE, KEEP_ALL, KEEP, TRUNCATE, FREE = range(1, 7)
@@ -132,8 +132,8 @@ class MirroredKVCache(KVCache):
 def load_sharded(path, channel: Channel, layouts: list[list[list[int]]] | None = None,
                  dtype=torch.float32) -> Transformer:
     """This rank's model: replicated layers, and only its experts' tensors read from disk."""
-    from specdec.config import ModelConfig
-    from specdec.loader import load_model
+    from specdec.models.config import ModelConfig
+    from specdec.models.loader import load_model
 
     cfg = ModelConfig.from_file(f"{path}/config.json")
     if not cfg.num_experts:
@@ -263,7 +263,7 @@ def start(target_dir, statistics=None, timeout_s: float | None = None) -> tuple[
     """Join the group torchrun started and load this rank's share of the target; on rank 0 the
     model leads (announces its forwards). Expert placement is balanced from `statistics` (a
     saved tokens-per-expert file) when given, else contiguous."""
-    from specdec.distributed import init_channel, read_statistics
+    from specdec.parallel.distributed import init_channel, read_statistics
 
     channel = init_channel(timeout_s)
     try:

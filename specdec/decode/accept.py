@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdec.tree import TokenTree
+from specdec.decode.tree import TokenTree
 
 
 @dataclass

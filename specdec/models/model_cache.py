@@ -22,7 +22,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-REGISTRY = Path(__file__).with_name("models.json")
+REGISTRY = Path(__file__).resolve().parents[1] / "models.json"
 BLOCK = 1 << 22
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdec import native
-from specdec.model import Attention, DenseMLP, GeluMLP, SparseMoeBlock, Transformer
-from specdec.ops import Projection
+from specdec.models import native
+from specdec.models.model import Attention, DenseMLP, GeluMLP, SparseMoeBlock, Transformer
+from specdec.models.ops import Projection
 from specdec_kernels.moe_torch import sum_over_experts, sum_over_slots, swiglu
 
 QUANTIZATIONS = ("auto", "none", "int8", "blocks")
@@ -126,10 +126,10 @@ def quantize_int8(model: Transformer) -> Transformer:
 
 
 def loads_packed(target, quantization: str) -> bool:
-    """Whether the target is loaded with packed weights (specdec.packed): "blocks" asks for it,
+    """Whether the target is loaded with packed weights (specdec.models.packed): "blocks" asks for it,
     and "auto" takes it for a GGUF file on the CPU where the native step builds (integer
     products on the file's own blocks, about a fifth of a float step's time)."""
-    from specdec.gguf_checkpoint import is_gguf
+    from specdec.models.gguf_checkpoint import is_gguf
     from specdec_kernels import cpu_decode
 
     if quantization == "blocks":

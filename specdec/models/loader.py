@@ -21,11 +21,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specdec import native
-from specdec.config import GPT_OSS, ConfigError, ModelConfig
-from specdec.gguf_checkpoint import GgufCheckpoint, is_gguf
-from specdec.model import SparseMoeBlock, Transformer
-from specdec.ops import half_swap
+from specdec.models import native
+from specdec.models.config import GPT_OSS, ConfigError, ModelConfig
+from specdec.models.gguf_checkpoint import GgufCheckpoint, is_gguf
+from specdec.models.model import SparseMoeBlock, Transformer
+from specdec.models.ops import half_swap
 
 _PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+)\.weight$")
 _FUSED_EXPERTS = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)$")
@@ -46,7 +46,7 @@ def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = N
 
     experts {MoE layer: [global expert ids]}: keep only those experts of each layer, in that
     order (expert parallelism); the other experts' tensors are never read from disk.
-    packed: a GGUF file's matrices kept in 8-bit blocks (specdec.packed), run by the native
+    packed: a GGUF file's matrices kept in 8-bit blocks (specdec.models.packed), run by the native
     step alone; no float copy of them is made."""
     path = Path(path)
     dtype = _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
@@ -66,7 +66,7 @@ def load_model(path, dtype=torch.float32, device="cpu", experts: dict | None = N
 
 
 def _load_gguf(path: Path, dtype, device, experts: dict | None) -> Transformer:
-    from specdec.gguf_tokenizer import tokenizer_from_gguf
+    from specdec.models.gguf_tokenizer import tokenizer_from_gguf
 
     checkpoint, rows_of = GgufCheckpoint(path), _expert_filter(experts)
     cfg = ModelConfig.from_dict(checkpoint.raw_config())
@@ -76,8 +76,8 @@ def _load_gguf(path: Path, dtype, device, experts: dict | None) -> Transformer:
 
 
 def _load_gguf_packed(path: Path) -> Transformer:
-    from specdec.gguf_tokenizer import tokenizer_from_gguf
-    from specdec.packed import PackedRows, model_matrices
+    from specdec.models.gguf_tokenizer import tokenizer_from_gguf
+    from specdec.models.packed import PackedRows, model_matrices
 
     if not is_gguf(path):
         raise CheckpointError(f"{path}: packed 8-bit weights are made from a GGUF file's blocks; "

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.detokenize import token_bytes
-from specdec.fim_formats import FimFormat, FimFormatError, detect, order
-from specdec.tokencache import TokenCache
+from specdec.prompt.detokenize import token_bytes
+from specdec.prompt.fim_formats import FimFormat, FimFormatError, detect, order
+from specdec.prompt.tokencache import TokenCache
 
 MAX_CONTEXT_TOKENS = 1536  # of the model's 2048 positions, leaving room to generate
 CHARS_PER_TOKEN_MAX = 6  # code averages 3.7 characters per token with the default tokenizer

@@ -25,11 +25,11 @@ from typing import NamedTuple
 
 import torch
 
-from specdec.generation import State
-from specdec.kvcache import under_inference_mode
-from specdec.policy import learn_step
+from specdec.decode.generation import State
+from specdec.decode.policy import learn_step
+from specdec.models.kvcache import under_inference_mode
 
-log = logging.getLogger("specdec.scheduler")
+log = logging.getLogger("specdec.decode.scheduler")
 
 
 class QueueFull(RuntimeError):

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from specdec.fim import settled_newline
+from specdec.prompt.fim import settled_newline
 
 CHARS_PER_TOKEN = 3.5  # code, with the default tokenizer: turns the token budget into characters
 REFRESH_LINES = 12  # new lines above the cursor after which the context is chosen again

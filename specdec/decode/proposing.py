@@ -13,15 +13,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from specdec.budget import grow_tree, min_useful_prob
-from specdec.decoding import DecodeContext
-from specdec.drafting import DraftPath, branch_paths, cut_after, head, history_paths, ngram_paths, trie_paths
-from specdec.history import MATCH_LENGTHS, SELF_SEARCH_CHARS
-from specdec.policy import PolicyPair, learn_acceptance, learn_draft, speed_key
-from specdec.tree import TokenTree
+from specdec.decode.budget import grow_tree, min_useful_prob
+from specdec.decode.decoding import DecodeContext
+from specdec.decode.drafting import DraftPath, branch_paths, cut_after, head, history_paths, ngram_paths, trie_paths
+from specdec.decode.history import MATCH_LENGTHS, SELF_SEARCH_CHARS
+from specdec.decode.policy import PolicyPair, learn_acceptance, learn_draft, speed_key
+from specdec.decode.tree import TokenTree
 
 if TYPE_CHECKING:
-    from specdec.generation import Generation
+    from specdec.decode.generation import Generation
 
 REPEAT_SEARCH_CHARS = 4_000  # of the text searched for a long repeat on a plain step (see _long_repeats)
 

@@ -8,7 +8,7 @@ matches them, and control tokens are special (dropped when decoding with skip_sp
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from specdec.config import ConfigError
+from specdec.models.config import ConfigError
 
 # The splits of the two byte-level families we serve, as their tokenizer.json files give them.
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"

@@ -1,0 +1,1 @@
+"""Scale-out: expert parallelism over torch.distributed."""

@@ -1,0 +1,1 @@
+"""The prompt: FIM formats and prompt building, retrieved repository context, tokenizing and detokenizing."""
