@@ -22,8 +22,8 @@ from specdec.training.eagle3 import (
 from specdec.training.features import FeatureSettings, FeatureStore, FeatureStoreError, extract, target_row
 from specdec.training.train import TrainSettings, train
 from specdec_kernels import cpu_decode
-from tests.specdec.gguf_files import write_gguf
-from tests.specdec.test_gguf import tiny_transformers_model
+from tests.specdec.models.gguf_files import write_gguf
+from tests.specdec.models.test_gguf import tiny_transformers_model
 
 pytestmark = pytest.mark.skipif(cpu_decode.library() is None, reason="no C compiler for the native step")
 LENGTH = 24

@@ -13,9 +13,9 @@ import torch
 from specdec import Engine, load_model
 from specdec.parallel.distributed import ExpertParallelError, placement, rank_loads, read_statistics
 from tests.helpers import free_port
-from tests.specdec.ep_worker import PROMPT
+from tests.specdec.parallel.ep_worker import PROMPT
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
@@ -73,7 +73,7 @@ def test_sharded_loading_reads_only_the_ranks_experts(tiny_models):
 @pytest.fixture(scope="module")
 def two_ranks(tiny_models, tmp_path_factory):
     out = tmp_path_factory.mktemp("ep") / "out.pt"
-    run = _torchrun(ROOT / "tests/specdec/ep_worker.py", *tiny_models, out, "strategies")
+    run = _torchrun(ROOT / "tests/specdec/parallel/ep_worker.py", *tiny_models, out, "strategies")
     assert run.returncode == 0, run.stderr[-3000:]
     return torch.load(out), run
 
@@ -105,7 +105,7 @@ def test_cli_complete_under_torchrun(tiny_models, tmp_path):
 
 def test_a_killed_rank_stops_the_group(tiny_models, tmp_path):
     started = time.monotonic()
-    run = _torchrun(ROOT / "tests/specdec/ep_worker.py", *tiny_models, tmp_path / "out.pt", "die", timeout=60)
+    run = _torchrun(ROOT / "tests/specdec/parallel/ep_worker.py", *tiny_models, tmp_path / "out.pt", "die", timeout=60)
     assert run.returncode != 0 and time.monotonic() - started < 30
 
 
@@ -116,7 +116,7 @@ def test_the_leader_names_a_dead_rank(tiny_models, tmp_path):
     for rank in (0, 1):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "SPECDEC_EP_TIMEOUT": "10"}
-        procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests/specdec/ep_worker.py"), *map(str, tiny_models),
+        procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests/specdec/parallel/ep_worker.py"), *map(str, tiny_models),
                                        str(tmp_path / "out.pt"), "die"], env=env, stderr=subprocess.PIPE, text=True))
     started = time.monotonic()
     try:

@@ -10,7 +10,7 @@ import torch
 from specdec import load_model
 from specdec.models.config import ConfigError
 from specdec.models.loader import CheckpointError
-from tests.specdec.gguf_files import FIM, write_gguf
+from tests.specdec.models.gguf_files import FIM, write_gguf
 
 SHAPE = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=96, max_position_embeddings=256)

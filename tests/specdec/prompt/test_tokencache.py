@@ -10,7 +10,7 @@ from specdec.models.loader import load_model
 from specdec.prompt.fim import PromptBuilder
 from specdec.prompt.tokencache import TokenCache
 
-SOURCES = sorted((Path(__file__).resolve().parents[2] / "specdec").glob("*.py"))
+SOURCES = sorted((Path(__file__).resolve().parents[3] / "specdec").rglob("*.py"))
 
 
 @pytest.fixture(scope="module")

@@ -129,8 +129,8 @@ def packed_target_and_head(tmp_path_factory):
 
     from specdec.training.eagle3 import build_head, head_config, save_head
     from specdec_kernels import cpu_decode
-    from tests.specdec.gguf_files import write_gguf
-    from tests.specdec.test_gguf import tiny_transformers_model
+    from tests.specdec.models.gguf_files import write_gguf
+    from tests.specdec.models.test_gguf import tiny_transformers_model
 
     if cpu_decode.library() is None:
         pytest.skip("no C compiler for the native step")

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from specdec.decode.drafting import DraftPath, DraftRunner, branch_paths, cut_after
+from specdec.decode.drafting import DraftPath, DraftRunner, branch_paths, cut_after, ngram_paths
+from specdec.decode.policy import AcceptanceStats
 from specdec.models.loader import load_model
 
 
@@ -97,3 +98,9 @@ def test_a_cold_request_feeds_the_draft_its_prompt_only_when_it_drafts(tiny_mode
     fed.clear()
     forced.complete(other, other_suffix, strategy="draft", max_tokens=0)
     assert sum(fed) == len(forced.prompt_for(other, other_suffix).ids) - 1
+
+
+def test_draft_paths_are_typed():
+    paths = ngram_paths([1, 2, 3, 9, 1, 2, 3], AcceptanceStats())
+    assert paths and all(isinstance(p, DraftPath) for p in paths)
+    assert paths[0].source == "ngram" and paths[0].tokens[0] == 9 and len(paths[0].probs) == len(paths[0].tokens)

@@ -17,8 +17,8 @@ from specdec.models.model import Segment
 from specdec.models.packed import PackedMatrix, concat_rows, from_floats, from_gguf
 from specdec.models.quantize import quantize_target
 from specdec_kernels import cpu_decode
-from tests.specdec.gguf_files import write_gguf
-from tests.specdec.test_gguf import IDS, tiny_transformers_model
+from tests.specdec.models.gguf_files import write_gguf
+from tests.specdec.models.test_gguf import IDS, tiny_transformers_model
 
 RNG = np.random.default_rng(0)
 

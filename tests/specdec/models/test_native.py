@@ -127,7 +127,7 @@ def test_without_a_compiler_models_decode_eagerly(tiny_models, tmp_path):
               "print(m.native_step is None, out.shape[-1], cpu_decode.why_not())\n")
     env = {**os.environ, "CC": str(tmp_path / "no-such-compiler"), "SPECDEC_NATIVE_CACHE": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                          cwd=Path(__file__).resolve().parents[2])
+                          cwd=Path(__file__).resolve().parents[3])
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("True "), done.stdout
     assert "no-such-compiler" in done.stdout and "decoding eagerly" in done.stderr
@@ -149,7 +149,7 @@ def test_each_build_runs_where_its_probe_passes_and_both_give_the_eager_tokens(t
     for build in ("avx2", "baseline"):
         env = {**os.environ, "SPECDEC_NATIVE_BUILD": build, "SPECDEC_NATIVE_CACHE": str(tmp_path / "cache")}
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                              cwd=Path(__file__).resolve().parents[2])
+                              cwd=Path(__file__).resolve().parents[3])
         assert done.returncode == 0, done.stderr
         lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
         outputs[build] = lines

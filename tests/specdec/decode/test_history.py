@@ -1,0 +1,51 @@
+"""The suggestion history: typing along, and repeats continued from the cursor."""
+
+from specdec import Engine, load_model
+from tests.helpers import code_prompts
+
+
+def test_typing_along_a_suggestion_is_proposed_from_history(tiny_models):
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), adaptive=False)
+    accepted, steps = 0, 0
+    for _path, prefix, suffix in code_prompts(6, seed=31, before=500, after=100):
+        shown = engine.complete(prefix, suffix, max_tokens=24, mode="multi", document="doc.py")
+        if len(shown.text) < 8:
+            continue
+        typed = prefix + shown.text[:3]
+        reference = engine.complete(typed, suffix, strategy="ar", max_tokens=16, mode="multi", document="other.py")
+        follow = engine.complete(typed, suffix, strategy="hybrid", max_tokens=16, mode="multi", document="doc.py")
+        assert follow.tokens == reference.tokens  # lossless like every source
+        accepted += follow.stats.accepted_by_source["history"]
+        steps += 1
+    assert steps >= 3 and accepted >= 4 * steps, (accepted, steps)
+
+
+def test_history_knows_when_the_text_runs_along_a_suggestion():
+    from specdec.decode.history import SuggestionHistory
+
+    history = SuggestionHistory()
+    prefix = "def area(radius):\n    "
+    history.record("doc", prefix, "return math.pi * radius * radius\n")
+    typed = prefix + "return math.pi * ra"
+    assert history.typing_along("doc", typed, length=12)
+    assert history.typing_along("doc", prefix + "return math", ".pi * ra", length=12)  # the tail spans both
+    assert not history.typing_along("doc", prefix + "print('something else entirely')", length=12)
+    assert not history.typing_along("other", typed, length=12)
+    assert not history.typing_along("doc", prefix + "return math.pi * radius * radius\n", length=12)  # nothing left
+
+
+def test_a_repetitive_suggestion_is_continued_from_where_the_user_is_along_it():
+    """In a run like `str, str, ...` the tail also matches near the suggestion's end; the rest
+    proposed must start where the user is (the first match past the cursor), and a repeated
+    request (nothing typed yet) gets the whole suggestion."""
+    from specdec.decode.history import SuggestionHistory
+
+    history = SuggestionHistory()
+    prefix = "import typing\n\n" + "x = 1\n" * 10 + "Row = tuple["
+    suggestion = ", ".join(["str"] * 40) + "]\n"
+    history.record("doc", prefix, suggestion)
+    (rest, from_suggestion), *_ = history.continuations("doc", prefix + "str")
+    assert from_suggestion and rest == suggestion[3:3 + 320]
+    (whole, _), *_ = history.continuations("doc", prefix)
+    assert whole == suggestion[:320]
+    assert history.typing_along("doc", prefix + suggestion[:-12])  # the last match is near the end; this one is not
