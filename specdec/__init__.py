@@ -4,10 +4,10 @@ What the server, the evaluation and users may rely on is exported here; see docs
 """
 
 from specdec.cli import add_expert_parallel_arguments, add_model_arguments
-from specdec.decode.generation import IllegalTransition, Result, State
 from specdec.decode.handle import CompletionHandle
 from specdec.decode.scheduler import FinishedRecord, QueueFull
-from specdec.decode.stats import Stats
+from specdec.decode.states import IllegalTransition, State
+from specdec.decode.stats import Result, Stats
 from specdec.engine import Engine, EngineMetrics, default_model_dir, model_label
 from specdec.models.config import ConfigError, ModelConfig
 from specdec.models.loader import CheckpointError, load_model

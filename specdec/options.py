@@ -70,7 +70,7 @@ class CompletionOptions:
     slot: str | None = None  # and so do requests for the same client slot (llama.cpp's id_slot)
     context: str = "auto"  # auto: retrieve repository context when an index is attached; none: only `extra`
     fim_mode: str | None = None  # the prompt's order for this request; None: the engine's (checked against its family at submit)
-    ignore_eos: bool = False  # llama.cpp's: the end-of-generation tokens are never picked; other stop rules still apply
+    ignore_eos: bool = False  # llama.cpp's: end-of-generation tokens are never picked (other stop rules apply)
     prefetch: bool = True  # once answered, compute the next request after an accept while idle (specdec.decode.prefetch)
 
     def __post_init__(self):
@@ -101,6 +101,15 @@ class CompletionOptions:
     def sources(self) -> Strategy:
         """The strategy's sources (STRATEGY_TABLE)."""
         return STRATEGY_TABLE[self.strategy]
+
+    @property
+    def client_wait_ms(self) -> float | None:
+        """How long the client waits for prediction to start (its t_max_prompt_ms, else its strict
+        prediction budget); None: no bound, and a request generating nothing (llama.vim's cache
+        warming) has none."""
+        if self.max_tokens == 0:
+            return None
+        return self.wait_budget_ms if self.wait_budget_ms is not None else self.strict_budget_ms
 
     @property
     def strict_budget_ms(self) -> float | None:

@@ -71,3 +71,12 @@ def take_caches(ctx: DecodeContext, options: CompletionOptions, ids: list[int]) 
                                   entry.head_synced if kept else 0)
         taken.eagle.truncate(taken.reuse)
     return taken
+
+
+def side_caches(draft: DraftRunner | None, eagle: EagleRunner | None, spare: SideCaches | None) -> SideCaches:
+    """What a finished request keeps beside the target's cache: its own draft's and head's
+    caches, else those of the entry it took without using them (spare)."""
+    if spare is not None:
+        return spare
+    return SideCaches(draft.cache if draft else None, draft.synced if draft else [],
+                      eagle.features if eagle else None, eagle.cache if eagle else None, eagle.synced if eagle else 0)

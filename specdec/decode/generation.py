@@ -1,10 +1,5 @@
-"""Generation: one completion request as the scheduler steps it, an explicit state machine.
-
-    QUEUED --begin--> PREFILLING --prefill_fed--> DECODING --commit ... --> FINISHED
-       |                  |                           |
-       +------------------+------- finish(reason) ----+
-
-Every transition goes through _enter(), which refuses the illegal ones. The scheduler drives a
+"""Generation: one completion request as the scheduler steps it, an explicit state machine
+(specdec.decode.states). Every transition goes through _enter(), which refuses the illegal ones. The scheduler drives a
 generation only through its public methods: begin, prefill_segment/prefill_fed, propose/segment/
 commit, finish, release. The thread that submitted it may call request_cancel() at any time; the
 scheduler finishes a cancelled generation between steps.
@@ -13,57 +8,23 @@ Flow of one step: propose() (a TokenTree of the sources' DraftPaths) -> the sche
 target forward over segment() -> commit() (acceptance, caches, stop rules) -> Result at the end.
 """
 
-import enum
 import threading
 import time
-from dataclasses import dataclass, field
-
-import numpy as np
-import torch
 
 from specdec.decode import admission, proposing
 from specdec.decode.accept import Sampling, Uniforms, accept
 from specdec.decode.decoding import DecodeContext
 from specdec.decode.policy import speed_key
-from specdec.decode.prompt_cache import SideCaches
-from specdec.decode.stats import Stats
-from specdec.decode.stops import StopCut, rules_for
-from specdec.decode.tree import TokenTree
-from specdec.models.model import Segment, StepInput
+from specdec.decode.states import NEXT, IllegalTransition, State
+from specdec.decode.stats import Result, Stats
+from specdec.decode.stops import Output, StopCut, rules_for
+from specdec.decode.tree import RootInput, TokenTree
+from specdec.models.model import StepInput
 from specdec.options import CompletionOptions
 from specdec.prompt.detokenize import TextStream
 
-REPORTED_AS = {"suggestion": "history"}  # sources learned apart but reported as one (Stats.SOURCES)
-
-
 # What a request takes over from the prefetch job it continues (Generation._take_prefetch).
-_TAKEN_OVER = ("prompt", "healing", "committed", "cache", "draft", "eagle", "spare", "generated", "stream", "text",
-               "final_text", "rules")
-
-
-class State(enum.Enum):
-    QUEUED = "queued"
-    PREFILLING = "prefilling"
-    DECODING = "decoding"
-    FINISHED = "finished"
-
-
-_NEXT = {State.QUEUED: {State.PREFILLING, State.FINISHED},
-         State.PREFILLING: {State.DECODING, State.FINISHED},
-         State.DECODING: {State.FINISHED},
-         State.FINISHED: set()}
-
-
-class IllegalTransition(RuntimeError):
-    """A generation asked to move to a state it cannot reach from its current one."""
-
-
-@dataclass
-class Result:
-    text: str
-    tokens: list
-    stats: Stats = field(default_factory=Stats)
-    truncated: bool = False  # the prompt (context or prefix) was cut to fit the model
+_TAKEN_OVER = ("prompt", "healing", "committed", "cache", "draft", "eagle", "spare", "output")
 
 
 class Generation:
@@ -82,15 +43,13 @@ class Generation:
         self.healing = None  # the prompt's healed text not spelled yet (fim.Healing)
         self.committed: list[int] = []  # prompt then generated tokens (the target's sequence)
         self.cache = self.draft = self.eagle = self.spare = None
-        self._plain = None  # a plain step's token and position tensors, reused (see _root_alone)
+        self._plain = RootInput()  # a plain step's tensors, made once and rewritten
         banned = tuple(sorted(ctx.prompts.stop_ids)) if options.ignore_eos else ()
         self.sampling = Sampling(options.temperature, options.top_p, options.top_k, banned)
         self.uniforms = Uniforms(options.seed)
-        self.rules = rules_for(options.prefix, options.suffix, options.mode, options.n_indent, options.stop)
-        self.generated: list[int] = []
-        self.stream = TextStream(ctx.prompts.tokenizer, ctx.prompts.token_bytes)  # the text of generated
+        self.output = Output(rules_for(options.prefix, options.suffix, options.mode, options.n_indent, options.stop),
+                             TextStream(ctx.prompts.tokenizer, ctx.prompts.token_bytes))
         self.max_tokens = options.max_tokens  # the scheduler may cap it under load (cap_tokens)
-        self.text, self.final_text = "", None
         self.speculating = False
         self.riding, self.speed_key = 0, speed_key(options.strategy, False)  # this step's company (see propose)
         self.repeat_only = False  # this step's tree holds only a long repeat (see _long_repeats)
@@ -105,7 +64,7 @@ class Generation:
     # states -------------------------------------------------------------------------------
 
     def _enter(self, state: State) -> None:
-        if state not in _NEXT[self.state]:
+        if state not in NEXT[self.state]:
             raise IllegalTransition(f"generation cannot go from {self.state.value} to {state.value}")
         self.state = state
 
@@ -140,17 +99,6 @@ class Generation:
     def past_deadline(self, now: float | None = None) -> bool:
         return self.deadline is not None and (now or time.perf_counter()) > self.deadline
 
-    @property
-    def wait_budget_ms(self) -> float | None:
-        """How long the client waits for prediction to start (its t_max_prompt_ms, else its strict
-        prediction budget); None: no bound, and a request generating nothing (llama.vim's cache
-        warming) has none."""
-        if self.options.max_tokens == 0:
-            return None
-        if self.options.wait_budget_ms is not None:
-            return self.options.wait_budget_ms
-        return self.options.strict_budget_ms
-
     def cap_tokens(self, cap: int) -> None:
         """Generate at most `cap` tokens (the scheduler sheds work under load); the cap is reported."""
         if cap < self.max_tokens:
@@ -178,7 +126,7 @@ class Generation:
         ctx, options = self.ctx, self.options
         self.prompt, self.stats.retrieval_ms = admission.build_prompt(ctx, options)
         self.stats.context_chunks, self.stats.context_tokens = self.prompt.context_chunks, self.prompt.context_tokens
-        self.healing = self.prompt.healing
+        self.healing, self.output.healed_chars = self.prompt.healing, len(self.prompt.healed_text)
         self.committed = ids = list(self.prompt.ids)
         wants_prefetch = options.prefetch and not self.background  # "prefetch": false computes it all itself
         if wants_prefetch and self._take_prefetch(ctx.prefetcher.take(options, ids, self.max_tokens)):
@@ -203,7 +151,7 @@ class Generation:
         self.stats = Stats(**taken.stats.as_dict())
         self.stats.prefetched = "served" if taken.is_finished else "joined"
         self._enter(State.PREFILLING)
-        if taken.state is not State.PREFILLING:  # its prediction so far counts against the time limit, as its tokens do
+        if taken.state is not State.PREFILLING:  # its prediction so far counts against the time limit
             self._prefilled(taken.decode_started)
         if taken.is_finished and not self.is_finished:
             self.stop = taken.stop
@@ -216,9 +164,7 @@ class Generation:
 
     def prefill_segment(self, count: int) -> StepInput:
         """The next `count` prompt tokens, for a batched forward."""
-        start = self.cache.length
-        feed = self.committed[start : start + count]
-        return StepInput(torch.tensor(feed), torch.arange(start, start + len(feed)), Segment(self.cache, len(feed)))
+        return StepInput.next_chunk(self.committed, self.cache, count)
 
     def prefill_fed(self, features=None) -> None:
         """After the forward over prefill_segment()'s tokens: keep them (and the target's captured
@@ -232,9 +178,9 @@ class Generation:
     def _prefilled(self, decode_started: float | None = None) -> None:
         # A request a user waits on brings the draft's cache up to the prompt when a step first
         # drafts (_catch_up): an adaptive engine rarely drafts, and syncing a cold prompt through
-        # the draft at every prefill would charge every request that came to a new place for a
-        # draft prefill it mostly never uses. A request that generates nothing is a client warming the caches (llama.vim's
-        # n_predict 0), off the user's path: it warms the draft's too.
+        # the draft at every prefill would charge each request that came to a new place for a
+        # draft prefill it mostly never uses. A request that generates nothing is a client
+        # warming the caches (llama.vim's n_predict 0), off the user's path: it warms the draft's too.
         if self.draft is not None and self.options.max_tokens == 0:
             self.draft.sync(self.committed)
         self.stats.prefill_ms = (time.perf_counter() - self.started) * 1000
@@ -261,26 +207,10 @@ class Generation:
         return proposing.propose(self, self.ctx, riding)
 
     def segment(self, tree: TokenTree) -> StepInput:
-        """The tree's tokens for the batched forward. The small tensors
-        are made through numpy, which costs a fraction of torch.tensor's per-call overhead."""
+        """The tree's tokens for the batched forward, after the committed ones."""
         if len(tree) == 1:
-            return self._root_alone(tree.tokens[0])
-        positions = np.asarray(tree.depths, dtype=np.int64)
-        positions += len(self.committed) - 1
-        mask = None if tree.is_chain() else tree.ancestor_mask()
-        tokens = torch.from_numpy(np.asarray(tree.tokens, dtype=np.int64))
-        return StepInput(tokens, torch.from_numpy(positions), Segment(self.cache, len(tree), mask))
-
-    def _root_alone(self, token: int):
-        """A plain step's segment: its two one-element tensors are made once per request and
-        rewritten through numpy views, since making them right after a native step, with the
-        interpreter's data out of the CPU's caches, cost more than the rest of the segment. The forward reads them only while it runs."""
-        if self._plain is None:
-            tensors = (torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
-            self._plain = (tensors, tensors[0].numpy(), tensors[1].numpy())
-        (tokens, positions), token_view, position_view = self._plain
-        token_view[0], position_view[0] = token, len(self.committed) - 1
-        return StepInput(tokens, positions, Segment(self.cache, 1))
+            return self._plain.at(tree.tokens[0], len(self.committed) - 1, self.cache)
+        return tree.step_input(self.cache, len(self.committed) - 1)
 
     def commit(self, tree: TokenTree, logits, features=None) -> int:
         """Accept against the target's logits [len(tree), vocab] (and keep its captured hidden
@@ -292,12 +222,7 @@ class Generation:
         self.cache.keep([0] + result.nodes)
         if self.eagle is not None and features is not None:
             self.eagle.extend(features[[0] + result.nodes])
-        self.stats.target_passes += 1
-        by_source = self.stats.accepted_by_source
-        for node in result.nodes:
-            reported = REPORTED_AS.get(tree.sources[node], tree.sources[node])
-            by_source[reported] = by_source.get(reported, 0) + 1
-        by_source["bonus"] += 1
+        self.stats.count_pass([tree.sources[n] for n in result.nodes])
         if len(tree) > 1:  # a root alone proposed nothing to learn from
             proposing.learn(self.policies, tree, result.nodes)
         new_tokens = [tree.tokens[n] for n in result.nodes] + [result.bonus]
@@ -316,14 +241,10 @@ class Generation:
         if token in self.ctx.prompts.stop_ids:
             self.finish("eos")
             return True
-        self.generated.append(token)
         if self.healing is not None:
             self.healing = self.healing.after(token)
-        decoded = self.stream.append(token)
-        self.text = decoded[len(self.prompt.healed_text) :]
-        cut = self.rules.cut(self.text)
+        cut = self.output.append(token)
         if cut.position is not None:
-            self.final_text = self.text[: cut.position]
             self.stop = cut
             self.finish(cut.reason, cut.matched)
             return True
@@ -340,36 +261,28 @@ class Generation:
             return False
         if self.deadline is not None:
             return self.past_deadline()
-        if "\n" not in self.text:
+        if "\n" not in self.output.text:
             return False
         return (time.perf_counter() - self.decode_started) * 1000 > budget
 
     # result -------------------------------------------------------------------------------
 
+    @property
+    def generated(self) -> list[int]:
+        return self.output.generated
+
+    @property
+    def text(self) -> str:
+        """The text generated so far, before the stop rules cut it."""
+        return self.output.text
+
     def current_text(self) -> str:
-        return self.final_text if self.final_text is not None else self.text
+        return self.output.current_text()
 
     def result(self) -> Result:
-        now = time.perf_counter()
-        s = self.stats
-        s.generated_tokens = len(self.generated)
-        s.tau = s.generated_tokens / s.target_passes if s.target_passes else 0.0
-        s.decode_ms = (now - self.decode_started) * 1000 if self.decode_started else 0.0
-        s.total_ms = (now - self.started) * 1000
-        s.stop_reason = self.stop.reason or "none"
-        s.stop_word = self.stop.matched
+        stats = self.stats.closed(len(self.generated), self.started, self.decode_started, self.stop)
         truncated = self.prompt is not None and self.prompt.truncated
-        return Result(self.current_text(), list(self.generated), Stats(**s.as_dict()), truncated)
-
-    def _side_caches(self) -> SideCaches:
-        """The side caches to keep with the target's: this request's own, else those of the entry
-        it took without using them."""
-        if self.spare is not None:
-            return self.spare
-        draft, eagle = self.draft, self.eagle
-        return SideCaches(draft.cache if draft else None, draft.synced if draft else [],
-                          eagle.features if eagle else None, eagle.cache if eagle else None,
-                          eagle.synced if eagle else 0)
+        return Result(self.current_text(), list(self.generated), stats, truncated)
 
     def release(self) -> None:
         """Give the caches back to the prompt cache for the next request, and the text to the
@@ -378,5 +291,6 @@ class Generation:
             self.ctx.history.record(self.options.document, self.options.prefix, self.current_text())
         worth_keeping = self.cache is not None and self.cache.length >= self.ctx.prompt_cache.min_reuse
         if worth_keeping and self.options.use_prompt_cache:
-            self.ctx.prompt_cache.put(self.committed, self.cache, self._side_caches())
+            side = admission.side_caches(self.draft, self.eagle, self.spare)
+            self.ctx.prompt_cache.put(self.committed, self.cache, side)
         self.cache = None

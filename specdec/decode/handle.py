@@ -8,7 +8,8 @@ import asyncio
 
 import torch
 
-from specdec.decode.generation import Generation, Result
+from specdec.decode.generation import Generation
+from specdec.decode.stats import Result
 
 
 class CompletionHandle:

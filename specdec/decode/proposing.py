@@ -49,7 +49,7 @@ def propose(g: Generation, ctx: DecodeContext, riding: int = 0) -> TokenTree:
         return tree
     if g.healing_pending:
         paths = [p for p in paths if p.tokens and g.healing.allows(p.tokens[0])]
-    if g.rules.single_line:  # its line's end ends the completion: nodes after it could never be used
+    if g.output.rules.single_line:  # its line's end ends the completion: nodes after it could never be used
         paths = [cut_after(p, ctx.prompts.newline_ids) for p in paths]
     left = g.max_tokens - len(g.generated)  # nor can nodes past the token limit
     paths = [head(p, left) for p in paths]

@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import torch
 
-from specdec.decode.generation import State
 from specdec.decode.policy import learn_step
+from specdec.decode.states import State
 from specdec.models.kvcache import under_inference_mode
 
 log = logging.getLogger("specdec.decode.scheduler")
@@ -88,7 +88,7 @@ class Scheduler:
                         generation.in_burst = True
                     live[key] = generation
             self._drop_cancelled_waiting()
-            budget, expected = generation.wait_budget_ms, self._expected_wait_ms()
+            budget, expected = generation.options.client_wait_ms, self._expected_wait_ms()
             if budget is not None and expected > budget:
                 generation.reject_busy(expected)  # its client would have moved on before it decoded
                 self._left(generation)

@@ -4,10 +4,12 @@ It reads as a mapping too (`result.stats["tau"]`, `dict(result.stats)`), which i
 API promised before it was typed; as_dict() gives plain JSON-ready values.
 """
 
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 SOURCES = ("trie", "draft", "ngram", "history", "bonus")
+REPORTED_AS = {"suggestion": "history"}  # sources learned apart but reported as one
 
 
 def _by_source() -> dict:
@@ -50,5 +52,34 @@ class Stats(Mapping):
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def count_pass(self, accepted_sources: list) -> None:
+        """One target pass: the sources of the tokens it accepted, and its own bonus token."""
+        self.target_passes += 1
+        for source in accepted_sources:
+            reported = REPORTED_AS.get(source, source)
+            self.accepted_by_source[reported] = self.accepted_by_source.get(reported, 0) + 1
+        self.accepted_by_source["bonus"] += 1
+
+    def closed(self, generated: int, started: float, decode_started: float | None, stop) -> "Stats":
+        """A copy completed at the end of a request (times from perf_counter; stop: a StopCut)."""
+        now = time.perf_counter()
+        done = Stats(**self.as_dict())
+        done.generated_tokens = generated
+        done.tau = generated / done.target_passes if done.target_passes else 0.0
+        done.decode_ms = (now - decode_started) * 1000 if decode_started else 0.0
+        done.total_ms = (now - started) * 1000
+        done.stop_reason, done.stop_word = stop.reason or "none", stop.matched
+        return done
+
 
 _FIELDS = tuple(f.name for f in fields(Stats))
+
+
+@dataclass
+class Result:
+    """What a finished request returns."""
+
+    text: str
+    tokens: list
+    stats: Stats = field(default_factory=Stats)
+    truncated: bool = False  # the prompt (context or prefix) was cut to fit the model

@@ -109,3 +109,28 @@ def rules_for(prefix: str, suffix: str, mode: str, n_indent: int | None = None, 
     next_line = next((line.strip() for line in rest.split("\n") if line.strip()), "")
     return StopRules(single_line=mode == "single", min_indent=indent, suffix_first_line=first_line,
                      suffix_next_line=next_line, stop_strings=list(stop or ()))
+
+
+class Output:
+    """A completion's generated tokens and their text as they arrive, and where its stop rules
+    cut that text. The text starts after the prompt's healed characters, which the first
+    tokens spell again (healed_chars, set once the prompt is built)."""
+
+    def __init__(self, rules: StopRules, stream):
+        self.rules, self.stream = rules, stream  # stream: detokenize.TextStream
+        self.healed_chars = 0
+        self.generated: list[int] = []
+        self.text, self.final_text = "", None
+
+    def append(self, token: int) -> StopCut:
+        """Add one token; the cut of the rule that fires first, else NO_CUT."""
+        self.generated.append(token)
+        self.text = self.stream.append(token)[self.healed_chars :]
+        cut = self.rules.cut(self.text)
+        if cut.position is not None:
+            self.final_text = self.text[: cut.position]
+        return cut
+
+    def current_text(self) -> str:
+        """The text as answered: cut where a stop rule fired, else all of it so far."""
+        return self.final_text if self.final_text is not None else self.text

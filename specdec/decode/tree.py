@@ -5,7 +5,10 @@ node is a speculated token with a parent, a depth, where it came from, and an es
 probability that the target accepts the path down to it (used to spend the node budget).
 """
 
+import numpy as np
 import torch
+
+from specdec.models.model import Segment, StepInput
 
 
 class TokenTree:
@@ -53,3 +56,28 @@ class TokenTree:
 
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def step_input(self, cache, root_position: int) -> StepInput:
+        """The tree's tokens for a batched forward, its root at `root_position` of `cache`. The
+        small tensors are made through numpy, which costs a fraction of torch.tensor's per-call
+        overhead."""
+        positions = np.asarray(self.depths, dtype=np.int64)
+        positions += root_position
+        mask = None if self.is_chain() else self.ancestor_mask()
+        tokens = torch.from_numpy(np.asarray(self.tokens, dtype=np.int64))
+        return StepInput(tokens, torch.from_numpy(positions), Segment(cache, len(self), mask))
+
+
+class RootInput:
+    """A plain step's input (a root alone), one per request: its two one-element tensors are
+    made once and rewritten through numpy views, since making them right after a native step,
+    with the interpreter's data out of the CPU's caches, cost more than the rest of the step's
+    input. The forward reads them only while it runs."""
+
+    def __init__(self):
+        self.tokens, self.positions = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+        self._token, self._position = self.tokens.numpy(), self.positions.numpy()
+
+    def at(self, token: int, position: int, cache) -> StepInput:
+        self._token[0], self._position[0] = token, position
+        return StepInput(self.tokens, self.positions, Segment(cache, 1))

@@ -51,6 +51,13 @@ class StepInput(NamedTuple):
     positions: torch.Tensor
     segment: Segment
 
+    @classmethod
+    def next_chunk(cls, ids: list, cache: KVCache, count: int) -> "StepInput":
+        """The next `count` of `ids` after those `cache` holds, placed after them."""
+        start = cache.length
+        feed = ids[start : start + count]
+        return cls(torch.tensor(feed), torch.arange(start, start + len(feed)), Segment(cache, len(feed)))
+
 
 @dataclass
 class ForwardOut:

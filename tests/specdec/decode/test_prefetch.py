@@ -5,8 +5,8 @@ import time
 import pytest
 
 from specdec import CompletionOptions, Engine, load_model
-from specdec.decode.generation import State
 from specdec.decode.prefetch import Prefetcher, PrefetchLimits, accepted_variants, after_accepting, token_key
+from specdec.decode.states import State
 from tests.helpers import code_prompts, generation
 
 
