@@ -39,12 +39,12 @@ def serve_and_log(engine, index, points, max_tokens: int, seed: int) -> list[dic
     no prompt chunk (a plain step or a verify pass alone), served on `points`."""
     from specdec_eval.runner import prepare_point
 
-    target, forward, logged = engine.target, engine.target.forward, []
+    target, run, logged = engine.target, engine.target.run, []  # the scheduler's forwards go through run()
     current = {"request": None}
 
-    def logging_forward(ids, positions, segments, logits_rows=None):
+    def logging_run(ids, positions, segments, logits_rows=None):
         started = time.perf_counter()
-        out = forward(ids, positions, segments, logits_rows=logits_rows)
+        out = run(ids, positions, segments, logits_rows=logits_rows)
         millis = (time.perf_counter() - started) * 1000
         if current["request"] and logits_rows is None and len(segments) == 1 and ids.numel() <= max(SIZES):
             routes = [ids.tolist() for ids in target.latest_routes()]
@@ -52,7 +52,7 @@ def serve_and_log(engine, index, points, max_tokens: int, seed: int) -> list[dic
                            "request": current["request"]})
         return out
 
-    target.forward = logging_forward
+    target.run = logging_run
     rng = random.Random(seed)
     try:
         for i, point in enumerate(points):
@@ -67,7 +67,7 @@ def serve_and_log(engine, index, points, max_tokens: int, seed: int) -> list[dic
                 current["request"] = None
             print(f"\r{i + 1}/{len(points)} points, {len(logged)} forwards", end="", file=sys.stderr, flush=True)
     finally:
-        target.forward = forward
+        target.run = run
     print(file=sys.stderr)
     return logged
 

@@ -120,7 +120,8 @@ def served_step_ms(plain, adaptive, index, points, max_tokens: int = 64) -> dict
 
     def sized(self, riding=0):
         tree = saved[0](self, riding)
-        current["size"], current["strategy"], current["speculating"] = len(tree), self.options.strategy, self.speculating
+        current["size"], current["plain"], current["speculating"] = len(tree), not self.options.sources.speculates, \
+            self.speculating
         return tree
 
     def timed(self):
@@ -129,7 +130,7 @@ def served_step_ms(plain, adaptive, index, points, max_tokens: int = 64) -> dict
         saved[1](self)
         # ar's plain steps, and hybrid's trees of long repeats alone: a speculating step's
         # proposing (trie lookups, draft forwards) is charged apart by the replay
-        if "size" in current and not current["speculating"] and (current["strategy"] == "ar") == (current["size"] == 1):
+        if "size" in current and not current["speculating"] and current["plain"] == (current["size"] == 1):
             times[current["size"]].append(_since(started))
 
     Generation.propose, Scheduler.step = sized, timed

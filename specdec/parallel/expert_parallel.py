@@ -158,22 +158,22 @@ def load_sharded(path, channel: Channel, layouts: list[list[list[int]]] | None =
 def lead(model: Transformer, channel: Channel) -> Transformer:
     """Rank 0: its target announces every forward and logs its caches' changes."""
     cache_log = CacheLog()
-    plain_forward = model.forward
+    plain_run = model.run  # forward() and the scheduler both go through run()
 
     def new_cache(capacity: int = 256) -> MirroredKVCache:
         cache = MirroredKVCache(model.config.num_layers, **model.cache_dims(), dtype=model.dtype,
                                 device=model.device, capacity=capacity)
         return cache.bind(cache_log)
 
-    def forward(input_ids, positions, segments, logits_rows=None):
+    def run(input_ids, positions, segments, logits_rows=None):
         with channel.lock:
             channel.traffic.begin_forward()
             _announce(channel, cache_log, input_ids, positions, segments, logits_rows)
-            logits = plain_forward(input_ids, positions, segments, logits_rows)
+            out = plain_run(input_ids, positions, segments, logits_rows)
             channel.traffic.end_forward()
-            return logits
+            return out
 
-    model.new_cache, model.forward = new_cache, forward
+    model.new_cache, model.run = new_cache, run
     channel.start_heartbeat()
     return model
 
