@@ -9,7 +9,7 @@ from specdec import default_model_dir
 from specdec.models.loader import load_model
 from specdec.prompt.detokenize import TextStream, token_bytes
 from specdec.prompt.fim import token_texts
-from tests.specdec.prompt.test_stops_fim import _sentencepiece_tokenizer
+from tests.specdec.prompt.test_fim import _sentencepiece_tokenizer
 
 
 @pytest.fixture(scope="module")
