@@ -122,14 +122,16 @@ class _MidLayer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    def __init__(self, c: Eagle3Config):
+    def __init__(self, c: Eagle3Config, embedding_device=None):
+        """embedding_device "meta": no embedding of its own is made (one is given after, as
+        pack_for_cpu gives a packed target's)."""
         super().__init__()
         self.config = c
         self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
         self.midlayer = _MidLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, device=embedding_device)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.packed = False  # its products on 8-bit blocks (pack_for_cpu)
 
@@ -206,15 +208,19 @@ def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
         tensors.update(load_file(file))
     tensors = {name.removeprefix("model."): t for name, t in tensors.items()}
     tensors.pop("t2d", None)
-    if "embed_tokens.weight" not in tensors:
+    # A packed target's embedding stays in 8-bit blocks, which the head reads too (pack_for_cpu):
+    # dequantizing it to floats first would cost the whole vocabulary's rows in memory and time.
+    shared = target is not None and bool(getattr(target, "packed", None)) and "embed_tokens.weight" not in tensors
+    if "embed_tokens.weight" not in tensors and not shared:
         if target is None:
             raise ConfigError(f"{path}: the head has no embed_tokens; load it with its target")
         tensors["embed_tokens.weight"] = target_weight(target, "model.embed_tokens.weight")
     if "d2t" not in tensors:
         tensors["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.long)
-    head = Eagle3Head(config)
+    head = Eagle3Head(config, embedding_device="meta" if shared else None)
     missing, unexpected = head.load_state_dict({k: v if k == "d2t" else v.to(dtype) for k, v in tensors.items()},
                                                strict=False)
+    missing = [name for name in missing if not (shared and name == "embed_tokens.weight")]
     if missing or unexpected:
         raise ConfigError(f"{path}: EAGLE-3 tensors do not match the layout (missing {missing}, unexpected {unexpected})")
     if target is not None and config.target_hidden_size != target.config.hidden_size:
@@ -224,4 +230,7 @@ def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
     head.eval()
     if target is not None:
         head.packed = pack_for_cpu(head, target)
+    if shared and not head.packed:  # its widths are not whole blocks, or no native library: floats after all
+        embedding = target_weight(target, "model.embed_tokens.weight").to(dtype)
+        head.embed_tokens = nn.Embedding.from_pretrained(embedding, freeze=True)
     return head

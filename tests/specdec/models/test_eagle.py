@@ -166,6 +166,22 @@ def test_a_head_on_a_packed_target_drafts_on_packed_blocks_as_its_float_self(pac
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.9
 
 
+def test_a_head_on_a_packed_target_never_dequantizes_its_embedding(packed_target_and_head, monkeypatch):
+    """The head reads the packed target's embedding in its blocks: the float rows are never read
+    from the file, unless the head cannot run packed (then it falls back to floats)."""
+    from specdec.models import eagle
+
+    file, head_dir = packed_target_and_head
+    target, reads = load_model(file, packed=True), []
+    real = eagle.target_weight
+    monkeypatch.setattr(eagle, "target_weight", lambda *args: reads.append(args[1]) or real(*args))
+    assert load_eagle3(head_dir, target).packed and reads == []
+    monkeypatch.setattr(eagle, "pack_for_cpu", lambda head, target: False)
+    fallback = load_eagle3(head_dir, target)
+    assert not fallback.packed and reads == ["model.embed_tokens.weight"]
+    assert fallback.embed_tokens.weight.shape == (target.config.vocab_size, target.config.hidden_size)
+
+
 def test_every_strategy_equals_ar_with_a_packed_head_on_a_packed_target(packed_target_and_head):
     from specdec import STRATEGIES, Engine
 
