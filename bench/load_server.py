@@ -231,6 +231,7 @@ def start_server(repo: Path, port: int, log_path: Path, extra_args=()):
 
 async def run(args) -> dict:
     extra = ([] if args.prefetch else ["--no-prefetch"]) + (["--fim-mode", args.fim_mode] if args.fim_mode else [])
+    extra += [] if args.context_tokens is None else ["--context-tokens", str(args.context_tokens)]
     proc, url = start_server(args.repo, args.port, args.server_log, extra)
     try:
         files = [(p.relative_to(args.repo).as_posix(), p.read_text(errors="replace"))
@@ -266,7 +267,7 @@ async def run(args) -> dict:
         median = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
         cache_mb = float(gauge(metrics, "specdec_prompt_cache_bytes") or 0) / 2**20
         return {"client": args.client, "sessions": args.sessions, "seconds": args.seconds, "prefetch": args.prefetch,
-                "fim_mode": args.fim_mode,
+                "fim_mode": args.fim_mode, "context_tokens": args.context_tokens,
                 "pause_wait_ms": {"p50": pick(0.5, waits), "p95": pick(0.95, waits), "p99": pick(0.99, waits),
                                   "count": len(waits)},
                 "completions_per_s": round(len(lat) / args.seconds, 2),
@@ -325,6 +326,8 @@ def main() -> int:
     p.add_argument("--sample-every", type=float, default=5.0, help="seconds between RSS/threads/fds samples")
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false", help="serve with --no-prefetch")
     p.add_argument("--fim-mode", choices=("psm", "spm"), help="serve with this FIM order (default: the model's)")
+    p.add_argument("--context-tokens", type=int, default=None,
+                   help="serve with this many prompt tokens of retrieved context (0: none; default: the server's)")
     p.add_argument("--json", type=Path)
     p.add_argument("--server-log", type=Path, default=Path("load_server.log"), help="the server's stdout and stderr")
     args = p.parse_args()
