@@ -188,8 +188,8 @@ async def request(client, url, payload, stats):
         r = await client.post(f"{url}/infill", json=payload, timeout=30)
     except asyncio.CancelledError:
         raise
-    except httpx.HTTPError:
-        stats["errors"] += 1
+    except httpx.HTTPError as error:
+        stats["errors"][type(error).__name__] = stats["errors"].get(type(error).__name__, 0) + 1
         return
     stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
     if r.status_code != 200:
@@ -237,11 +237,14 @@ async def run(args) -> dict:
         files = [(p.relative_to(args.repo).as_posix(), p.read_text(errors="replace"))
                  for p in sorted(args.repo.rglob("*.py")) if p.stat().st_size > 3000][:200]
         rng = random.Random(args.seed)
-        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=4 * args.sessions)) as client:
+        # No cap on connections, as editors (curl, fetch) open one per request: a request cancelled
+        # while its connection is being made can keep its pool slot (httpcore), and a capped
+        # pool then runs out and stalls the next request for the whole timeout.
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=None)) as client:
             for _ in range(3):  # warm-up
                 await client.post(f"{url}/infill", json=body(files[0][1], 500, files[0][0]), timeout=60)
             rss_before = rss_mb(proc.pid)
-            stats = {"latency": [], "pause_wait": [], "status": {}, "errors": 0, "abandoned": 0, "superseded": 0,
+            stats = {"latency": [], "pause_wait": [], "status": {}, "errors": {}, "abandoned": 0, "superseded": 0,
                      "paused": 0, "prefilled": [], "cached": [], "health_ms": [], "busy": 0, "capped": 0,
                      "pause_tokens": [], "pause_reasons": {}, "pause_server": []}
             deadline = time.monotonic() + args.seconds
