@@ -158,7 +158,7 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--target", type=Path,
                         help="a target model: an HF-layout directory or a .gguf file (default: the pulled "
                              "default model, see `specdec models list`, else the embedded one)")
-    parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory, or an EAGLE-3 head's")
+    parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory, an EAGLE-3 head's, or a .gguf file of the target's family (packed as the target is)")
     parser.add_argument("--fim-mode", choices=FIM_MODES,
                         help="the FIM order (default: the target's config.json, else its family's own)")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, default="auto",

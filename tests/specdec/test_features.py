@@ -164,3 +164,19 @@ def test_the_cli_trains_measures_and_exports_a_head_on_stored_features(gguf_file
     assert head.config.draft_vocab_size == 64 and head.packed
     with pytest.raises(SystemExit, match="no head checkpoint"):
         main(["agreement", *common[:-4], "--name", "absent", "--features", str(store.root)])
+
+
+def test_a_gguf_draft_of_the_same_family_is_packed_as_the_target_and_drafts_losslessly(gguf_file, tmp_path):
+    """The family's smaller model as the draft of a GGUF target: packed by the same --quantize
+    rule, so that its steps run on the native path, and the output stays the target's."""
+    model = tiny_transformers_model("qwen2")
+    model.save_pretrained(tmp_path / "hf")  # which names its architecture in its config
+    draft_file = write_gguf(tmp_path / "draft.gguf", model, GGMLQuantizationType.Q4_0)
+    engine = Engine.from_pretrained(target=gguf_file, draft=draft_file, quantize="auto", adaptive=False,
+                                    warm_up=False)
+    assert engine.draft.packed is not None and engine.target.packed is not None
+    prompt = "abc abc\nabc ab"
+    reference = engine.complete(prompt, "", strategy="ar", max_tokens=12, mode="multi")
+    drafted = engine.complete(prompt, "", strategy="draft", max_tokens=12, mode="multi")
+    assert drafted.tokens == reference.tokens
+    assert drafted.stats.accepted_by_source["draft"] > 0  # a Q4_0 copy of the target mostly agrees
