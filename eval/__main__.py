@@ -103,7 +103,7 @@ def _run(args, argv) -> int:
     gc.unfreeze()
     results = {"repo": args.repo.resolve().name, "points": len(points), "seed": args.seed,
                "target": _model_label(engine.target), "draft": _model_label(engine.draft or engine.head),
-               "drafts": {label: _model_label(e.draft) for label, e in drafts.items()},
+               "drafts": {label: _model_label(e.draft or e.head) for label, e in drafts.items()},
                "machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
                "adaptive": engine.adaptive, "typing_along": args.typing_along,
                "quantize": getattr(engine.target, "quantization", "none"),
