@@ -246,12 +246,28 @@ def _measure_head(args) -> int:
     return 0
 
 
+HEAD_CARD = "card.json"
+
+
 def _export_head(args) -> int:
-    """The head of run --name in the published layout (bf16), into --out."""
+    """The head of run --name in the published layout (bf16), into --out, with its card: the
+    target it reads, its training (steps, tokens, minutes) and, given --features (a held-out
+    store), its agreement with the target by depth."""
+    from specdec.models.adapted import target_fingerprint
+    from specdec.training.eagle3 import store_agreement
+    from specdec.training.features import FeatureStore, target_identity
+
     if args.out == MODELS:
         raise SystemExit("export-head: --out DIR is required (the embedded models stay as they are)")
-    _, head, raw, state = _trained_head(args)
+    teacher, head, raw, state = _trained_head(args)
+    card = {"kind": "eagle3", "target": target_identity(args.teacher),
+            "target_fingerprint": target_fingerprint(args.teacher), "draft_vocab": raw["draft_vocab_size"],
+            "run": args.name, **_trained(state)}
+    if args.features:
+        card["agreement"] = store_agreement(head, teacher, FeatureStore.open(args.features), rows=args.rows)
+        card["agreement"]["features"] = args.features.name
     save_head(head, raw, args.out)
+    (args.out / HEAD_CARD).write_text(json.dumps(card, indent=2) + "\n")
     log.info("exported the head of %s (step %d) to %s", args.name, state["step"], args.out)
     return 0
 

@@ -159,9 +159,13 @@ def test_the_cli_trains_measures_and_exports_a_head_on_stored_features(gguf_file
     report = json.loads(capsys.readouterr().out)
     assert report["tokens"] == 2 * (LENGTH - 2) and report["train_steps"] == 4
     assert 0 <= report["step0"] <= report["argmax_in_draft_vocabulary"] <= 1
-    assert main(["export-head", *common, "--out", str(tmp_path / "head")]) == 0
+    assert main(["export-head", *common, "--out", str(tmp_path / "head"), "--features", str(store.root),
+                 "--rows", "2"]) == 0
     head = load_eagle3(tmp_path / "head", load_model(gguf_file, packed=True))
     assert head.config.draft_vocab_size == 64 and head.packed
+    card = json.loads((tmp_path / "head" / "card.json").read_text())
+    assert card["target"] == target_identity(gguf_file) and card["train_steps"] == 4 and card["draft_vocab"] == 64
+    assert card["agreement"]["step0"] == report["step0"] and card["agreement"]["step1"] == report["step1"]
     with pytest.raises(SystemExit, match="no head checkpoint"):
         main(["agreement", *common[:-4], "--name", "absent", "--features", str(store.root)])
 
