@@ -230,14 +230,33 @@ class EagleRunner:
         self.synced = min(self.synced, max(0, length - 1))
         self.cache.truncate(self.synced)
 
+    def _usable(self, committed: list[int]) -> int:
+        """How many pairs (features[p], committed[p + 1]) there are."""
+        return min(len(self.features), len(committed) - 1)
+
+    @under_inference_mode
+    def sync(self, committed: list[int]) -> None:
+        """Feed the head the pairs it lacks, all but the last, without its LM head: chain() feeds
+        the last one for its logits. A prefill calls it chunk by chunk, so that the first step
+        that drafts after a long prompt pays for a few rows, not for the whole prompt."""
+        end = self._usable(committed) - 1
+        if end <= self.synced:
+            return
+        self.cache.truncate(self.synced)
+        p = torch.arange(self.synced, end)
+        self.head.advance(torch.tensor(committed[self.synced + 1 : end + 1]), self.features[p], p + 1, self.cache)
+        self.synced = end
+
     @under_inference_mode
     def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
         """Greedy target-vocabulary tokens after `committed` with their cumulative probabilities,
         and the runner-ups at each depth in self.alternatives, as DraftRunner.chain gives them."""
         self.alternatives = []
-        usable = min(len(self.features), len(committed) - 1)  # pairs (features[p], committed[p + 1])
+        usable = self._usable(committed)
         if usable <= 0:
             return [], []
+        self.sync(committed)
+        self.synced = min(self.synced, usable - 1)  # the last pair is fed here, for its logits
         self.cache.truncate(self.synced)
         p = torch.arange(self.synced, usable)
         logits, hidden = self.head(torch.tensor(committed[self.synced + 1 : usable + 1]), self.features[p], p + 1,

@@ -172,6 +172,7 @@ class Generation:
         self.cache.keep_all()
         if self.eagle is not None and features is not None:
             self.eagle.extend(features)
+            self.eagle.sync(self.committed)
         if self.prefill_remaining() == 0:
             self._prefilled()
 
@@ -181,8 +182,13 @@ class Generation:
         # the draft at every prefill would charge each request that came to a new place for a
         # draft prefill it mostly never uses. A request that generates nothing is a client
         # warming the caches (llama.vim's n_predict 0), off the user's path: it warms the draft's too.
+        # An EAGLE-3 head is synced chunk by chunk as the prompt is fed (prefill_fed): one layer
+        # over features the target computes anyway costs a few percent of the prefill, where a
+        # first drafting step after a long prompt would pay all of it at once, while the user waits.
         if self.draft is not None and self.options.max_tokens == 0:
             self.draft.sync(self.committed)
+        if self.eagle is not None:
+            self.eagle.sync(self.committed)
         self.stats.prefill_ms = (time.perf_counter() - self.started) * 1000
         self.decode_started = decode_started or time.perf_counter()
         if self.options.strict_budget_ms is not None:

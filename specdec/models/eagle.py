@@ -148,6 +148,14 @@ class Eagle3Head(nn.Module):
     def forward(self, next_tokens, features, positions, cache: KVCache, fused: bool = False):
         """next_tokens [N], features [N, 3H_t] (fused=False: the target's) or [N, H] (the head's own
         output), positions [N] -> (draft-vocabulary logits [N, V_d], the head's output [N, H])."""
+        h = self.advance(next_tokens, features, positions, cache, fused)
+        return self.lm_head(self.norm(h)).float(), h
+
+    @under_inference_mode
+    def advance(self, next_tokens, features, positions, cache: KVCache, fused: bool = False):
+        """forward without the LM head: the head's output [N, H], its cache extended by N rows.
+        Bringing the cache up to a prompt needs no logits, and the draft vocabulary's product
+        is about a third of a row's work."""
         g = features if fused else self.fc(features)
         layer = self.midlayer
         normed = layer.hidden_norm(g)
@@ -156,7 +164,7 @@ class Eagle3Head(nn.Module):
         h = residual + layer.self_attn(x, positions, cache)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         cache.keep_all()
-        return self.lm_head(self.norm(h)).float(), h
+        return h
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> the target's ids."""

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from specdec.decode.drafting import DraftPath, DraftRunner, branch_paths, cut_after, ngram_paths
+from specdec.decode.drafting import DraftPath, DraftRunner, EagleRunner, branch_paths, cut_after, ngram_paths
 from specdec.decode.policy import AcceptanceStats
 from specdec.models.loader import load_model
 
@@ -98,6 +98,45 @@ def test_a_cold_request_feeds_the_draft_its_prompt_only_when_it_drafts(tiny_mode
     fed.clear()
     forced.complete(other, other_suffix, strategy="draft", max_tokens=0)
     assert sum(fed) == len(forced.prompt_for(other, other_suffix).ids) - 1
+
+
+def _head_and_prompt_features(tmp_path, tiny_models):
+    from specdec import Segment
+    from specdec.models.eagle import load_eagle3
+    from tests.specdec.models.test_eagle import _write_head
+
+    target = load_model(tiny_models[0])
+    _write_head(tmp_path / "head", target)
+    head = load_eagle3(tmp_path / "head", target)
+    target.capture_layers = head.config.capture_layers(target.config.num_layers)
+    ids = target.tokenizer.encode("def area(w, h):\n    return w * h\n\nprint(area(2, 3))\n").ids
+    n = len(ids)
+    features = target.run(torch.tensor(ids), torch.arange(n), [Segment(target.new_cache(n), n)]).captured
+    return head, ids, features
+
+
+def test_a_head_synced_chunk_by_chunk_drafts_as_one_caught_up_in_its_chain(tmp_path, tiny_models):
+    """sync() feeds all pairs but the last, as a prefill's chunks arrive; chain() then feeds one
+    row and drafts what a cold runner that feeds the whole prompt in its chain drafts."""
+    head, ids, features = _head_and_prompt_features(tmp_path, tiny_models)
+    cold = EagleRunner(head, features.clone())
+    expected, expected_probs = cold.chain(ids, 4, 0.0)
+    synced = EagleRunner(head)
+    for start in range(0, len(ids), 5):  # the prompt's chunks, features arriving with them
+        synced.extend(features[start : start + 5])
+        synced.sync(ids)
+        assert synced.synced == min(start + 5, len(ids) - 1) - 1 and synced.cache.length == synced.synced
+    fed = []
+    original = head.forward
+    head.forward = lambda tokens, *args, **kwargs: fed.append(len(tokens)) or original(tokens, *args, **kwargs)
+    try:
+        tokens, probs = synced.chain(ids, 4, 0.0)
+    finally:
+        del head.forward
+    assert tokens == expected and len(tokens) == 4 and probs == pytest.approx(expected_probs, abs=1e-5)
+    assert fed[0] == 1 and synced.synced == cold.synced == len(ids) - 1
+    again, _ = synced.chain(ids, 4, 0.0)  # nothing new: the last pair is fed again, not skipped
+    assert again == expected
 
 
 def test_draft_paths_are_typed():

@@ -59,3 +59,25 @@ def test_stats_count_tree_nodes_and_experts_woken(engine):
     passes = result.stats.target_passes
     assert result.stats.tree_nodes >= passes  # each pass verifies its root at least
     assert passes * len(cfg.sparse_layers) <= result.stats.experts_woken <= passes * len(cfg.sparse_layers) * cfg.num_experts
+
+
+def test_a_prefill_feeds_the_head_its_prompt_before_the_first_step(tmp_path, tiny_models):
+    """An EAGLE-3 request's head is in step with the prompt once prefill ends, so its first
+    drafting step feeds one row; the output stays the target's own."""
+    from specdec import Engine
+    from specdec.models.loader import load_model
+    from tests.specdec.models.test_eagle import _write_head
+
+    target = load_model(tiny_models[0])
+    _write_head(tmp_path / "head", target)
+    engine = Engine.from_pretrained(tiny_models[0], tmp_path / "head", adaptive=False)
+    (_, prefix, suffix), = code_prompts(1, seed=23, before=500, after=80)
+    g = generation(engine, prefix, suffix, strategy="draft", max_tokens=8, mode="multi")
+    engine.scheduler.submit(g)
+    while g.state is not State.DECODING:
+        engine.scheduler.step()
+    assert g.eagle.synced == len(g.committed) - 2 and g.eagle.cache.length == g.eagle.synced
+    while not g.is_finished:
+        engine.scheduler.step()
+    reference = engine.complete(prefix, suffix, strategy="ar", max_tokens=8, mode="multi", use_prompt_cache=False)
+    assert g.result().tokens == reference.tokens and g.stats.tree_nodes > 0

@@ -85,6 +85,24 @@ def test_head_drafts_from_the_targets_features(tmp_path, tiny_models):
     assert cache.length == len(ids) - 1 + 3 and set(drafted) <= kept
 
 
+def test_advance_is_forward_without_the_lm_head(tmp_path, tiny_models):
+    """Catching a head up to a prompt skips the draft vocabulary's product: the same output rows
+    and the same cache as forward, and forward's logits are the LM head's over those rows."""
+    target = load_model(tiny_models[0])
+    _write_head(tmp_path / "head", target)
+    head = load_eagle3(tmp_path / "head", target)
+    n = 9
+    tokens = torch.randint(0, target.config.vocab_size, (n,), generator=torch.Generator().manual_seed(3))
+    features = torch.randn(n, 3 * target.config.hidden_size, generator=torch.Generator().manual_seed(4))
+    full, fed = head.new_cache(), head.new_cache()
+    logits, hidden = head(tokens, features, torch.arange(1, n + 1), full)
+    advanced = head.advance(tokens, features, torch.arange(1, n + 1), fed)
+    assert torch.allclose(advanced, hidden, atol=1e-6) and fed.length == full.length == n
+    assert torch.allclose(fed.keys[0][:, :, :n], full.keys[0][:, :, :n], atol=1e-6)
+    assert torch.allclose(head.lm_head(head.norm(advanced)).float(), logits, atol=1e-5)
+    assert logits.shape == (n, DRAFT_VOCAB)
+
+
 def test_a_head_without_embedding_needs_its_target(tmp_path, tiny_models):
     target = load_model(tiny_models[0])
     _write_head(tmp_path / "head", target)
