@@ -41,9 +41,11 @@ def propose(g: Generation, ctx: DecodeContext, riding: int = 0) -> TokenTree:
     g.riding = riding
     g.speed_key = speed_key(g.options.strategy, riding > 0)
     document_policy = g.policies.document
-    g.speculating = sources.speculates and (not ctx.adaptive or document_policy.should_speculate(g.speed_key)
-                                            or _along_a_suggestion(g, ctx))
-    paths = _paths(g, ctx, document_policy.acceptance) if g.speculating else _long_repeats(g, ctx)
+    policy_says = not ctx.adaptive or document_policy.should_speculate(g.speed_key)
+    drafts = g.eagle is not None or g.draft is not None
+    along = ctx.adaptive and (drafts or not policy_says) and _along_a_suggestion(g, ctx)
+    g.speculating = sources.speculates and (policy_says or along)
+    paths = _paths(g, ctx, document_policy.acceptance, draft=not along) if g.speculating else _long_repeats(g, ctx)
     g.repeat_only = not g.speculating and bool(paths)
     if not g.speculating and not paths:
         return tree
@@ -89,7 +91,10 @@ def _history_paths(g: Generation, ctx: DecodeContext, acceptance, lengths=None,
                          lengths=lengths)
 
 
-def _paths(g: Generation, ctx: DecodeContext, acceptance) -> list[DraftPath]:
+def _paths(g: Generation, ctx: DecodeContext, acceptance, draft: bool = True) -> list[DraftPath]:
+    """draft False: the draft model or head sits this step out. Along a suggestion the target
+    made itself, the suggestion's rest is the tree, accepted whole lines at a time; a draft's
+    chain there costs its forwards at every step and mostly proposes the same tokens again."""
     sources, paths = g.options.sources, []
     healed = g.healing_left
     if sources.trie:
@@ -100,7 +105,7 @@ def _paths(g: Generation, ctx: DecodeContext, acceptance) -> list[DraftPath]:
     if sources.ngram:
         paths += ngram_paths(g.committed, acceptance)
     drafter = g.eagle if g.eagle is not None else g.draft
-    if drafter is not None:
+    if drafter is not None and draft:
         if drafter is g.draft:
             _catch_up(g)
         # A draft token must pay for its draft forward and for its place in the tree; when

@@ -43,3 +43,38 @@ def test_no_tree_node_lies_past_the_token_limit(engine, monkeypatch):
         engine.complete(prefix, "", mode="multi", strategy="hybrid", max_tokens=limit)
     assert steps and all(depth <= left for left, depth in steps)
     assert any(depth == left for left, depth in steps)  # the repeat is long: the limit did cut
+
+
+def test_the_draft_sits_out_the_steps_that_run_along_a_suggestion(tiny_models, monkeypatch):
+    """Adaptive, a step along the target's own earlier suggestion proposes the suggestion's rest
+    and runs no draft forward; forced, the draft still drafts there; both give the target's tokens."""
+    from specdec import Engine, load_model
+    from specdec.decode import proposing
+    from specdec.decode.drafting import DraftRunner
+    from tests.helpers import code_prompts
+
+    events, along, chain = [], proposing._along_a_suggestion, DraftRunner.chain
+    monkeypatch.setattr(proposing, "_along_a_suggestion", lambda g, ctx: events.append(("along", along(g, ctx))) or
+                        events[-1][1])
+    monkeypatch.setattr(DraftRunner, "chain", lambda self, *a, **k: events.append(("draft", True)) or chain(self, *a, **k))
+    target, draft = load_model(tiny_models[0]), load_model(tiny_models[1])
+    for adaptive in (True, False):
+        engine = Engine(target, draft, adaptive=adaptive)
+        steps_along, drafted_along = 0, 0
+        for _path, prefix, suffix in code_prompts(6, seed=31, before=500, after=100):
+            shown = engine.complete(prefix, suffix, max_tokens=24, mode="multi", document="doc.py")
+            if len(shown.text) < 8:
+                continue
+            typed = prefix + shown.text[:3]
+            reference = engine.complete(typed, suffix, strategy="ar", max_tokens=16, mode="multi", document="x.py")
+            events.clear()
+            follow = engine.complete(typed, suffix, strategy="hybrid", max_tokens=16, mode="multi", document="doc.py")
+            assert follow.tokens == reference.tokens
+            for (kind, value), following in zip(events, events[1:] + [("end", None)], strict=True):
+                if kind == "along" and value:
+                    steps_along += 1
+                    drafted_along += following[0] == "draft"
+        if adaptive:
+            assert steps_along >= 3 and drafted_along == 0, (steps_along, drafted_along)
+        else:  # forced: no step asks whether it runs along; the draft drafts at every step
+            assert steps_along == 0 and sum(kind == "draft" for kind, _ in events) > 0
