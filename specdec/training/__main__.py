@@ -282,12 +282,22 @@ def _initial_model(raw: dict, args, run_dir: Path):
 
 
 def _init_head(head, path: Path, teacher) -> None:
-    """A head's weights and draft vocabulary from `path`; the embedding stays the teacher's."""
-    from specdec.models.eagle import load_eagle3
+    """A head's weights and draft vocabulary from `path` (the published layout, as export-head
+    writes it); the embedding stays the teacher's. Read from the files, not through load_eagle3:
+    for a packed teacher that packs the head's matrices, and their floats would not load back."""
+    from safetensors.torch import load_file
 
-    start = load_eagle3(path, teacher).state_dict()
-    start.pop("embed_tokens.weight")
-    head.load_state_dict(start, strict=False)
+    tensors = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        tensors.update({name.removeprefix("model."): t for name, t in load_file(file).items()})
+    tensors.pop("t2d", None)
+    tensors.pop("embed_tokens.weight", None)
+    own = head.state_dict()
+    wanted = [name for name in own if name != "embed_tokens.weight"]
+    wrong = [name for name in wanted if name not in tensors or tensors[name].shape != own[name].shape]
+    if not tensors or wrong:
+        raise SystemExit(f"--init-from {path}: not a head of this shape (missing or other shapes: {wrong[:4]})")
+    head.load_state_dict({name: tensors[name].to(own[name].dtype) for name in wanted}, strict=False)
     log.info("initialised the head from %s", path)
 
 

@@ -168,6 +168,23 @@ def test_the_cli_trains_measures_and_exports_a_head_on_stored_features(gguf_file
     assert card["agreement"]["step0"] == report["step0"] and card["agreement"]["step1"] == report["step1"]
     with pytest.raises(SystemExit, match="no head checkpoint"):
         main(["agreement", *common[:-4], "--name", "absent", "--features", str(store.root)])
+    # a later run starts from the exported head (one step at learning rate 0 keeps what it loaded)
+    from safetensors.torch import load_file
+
+    from specdec.training.train import checkpoint_state
+
+    more = [*common[:-3], "head-q2", "--threads", "1", "--features", str(store.root), "--batch-size", "2",
+            "--draft-vocab", "64"]
+    assert main(["head", *more, "--init-from", str(tmp_path / "head"), "--tokens", str(2 * LENGTH), "--lr", "0"]) == 0
+    started = checkpoint_state(tmp_path / "runs" / "head-q2")["model"]
+    exported = load_file(str(tmp_path / "head" / "model.safetensors"))
+    assert exported.keys() - {"t2d"} <= started.keys() and "fc.weight" in exported
+    for name in exported.keys() - {"t2d"}:
+        assert torch.equal(started[name].to(exported[name].dtype), exported[name]), name
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "model.safetensors").write_bytes((tmp_path / "head" / "model.safetensors").read_bytes())
+    with pytest.raises(SystemExit, match="not a head of this shape"):
+        main(["head", *more[:-1], "32", "--name", "head-q3", "--init-from", str(tmp_path / "other"), "--tokens", "0"])
 
 
 def test_a_gguf_draft_of_the_same_family_is_packed_as_the_target_and_drafts_losslessly(gguf_file, tmp_path):
