@@ -205,17 +205,23 @@ def pack_for_cpu(head: Eagle3Head, target) -> bool:
     return True
 
 
+def read_head_tensors(path: Path) -> dict:
+    """A head directory's tensors in the published layout, named without the "model." prefix some
+    exporters add; t2d is left out (d2t carries the same map)."""
+    tensors = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        tensors.update({name.removeprefix("model."): t for name, t in load_file(file).items()})
+    tensors.pop("t2d", None)
+    return tensors
+
+
 def load_eagle3(path, target=None, dtype=torch.float32) -> Eagle3Head:
     """An EAGLE-3 head directory; the target's embedding is used when the head has none. With a
     packed target the head's products run packed too (pack_for_cpu)."""
     path = Path(path)
     raw = json.loads((path / "config.json").read_text())
     config = Eagle3Config.from_dict(raw)
-    tensors = {}
-    for file in sorted(path.glob("*.safetensors")):
-        tensors.update(load_file(file))
-    tensors = {name.removeprefix("model."): t for name, t in tensors.items()}
-    tensors.pop("t2d", None)
+    tensors = read_head_tensors(path)
     # A packed target's embedding stays in 8-bit blocks, which the head reads too (pack_for_cpu):
     # dequantizing it to floats first would cost the whole vocabulary's rows in memory and time.
     shared = target is not None and bool(getattr(target, "packed", None)) and "embed_tokens.weight" not in tensors

@@ -285,12 +285,9 @@ def _init_head(head, path: Path, teacher) -> None:
     """A head's weights and draft vocabulary from `path` (the published layout, as export-head
     writes it); the embedding stays the teacher's. Read from the files, not through load_eagle3:
     for a packed teacher that packs the head's matrices, and their floats would not load back."""
-    from safetensors.torch import load_file
+    from specdec.models.eagle import read_head_tensors
 
-    tensors = {}
-    for file in sorted(Path(path).glob("*.safetensors")):
-        tensors.update({name.removeprefix("model."): t for name, t in load_file(file).items()})
-    tensors.pop("t2d", None)
+    tensors = read_head_tensors(path)
     tensors.pop("embed_tokens.weight", None)
     own = head.state_dict()
     wanted = [name for name in own if name != "embed_tokens.weight"]
