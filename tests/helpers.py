@@ -77,3 +77,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def typed_along(engine, count: int = 6, seed: int = 31, document: str = "doc.py"):
+    """(prefix, suffix) once a user has typed the first 3 characters of the suggestion `engine`
+    showed in `document`, for each of `count` code prompts whose suggestion has 8 or more."""
+    for _path, prefix, suffix in code_prompts(count, seed=seed, before=500, after=100):
+        shown = engine.complete(prefix, suffix, max_tokens=24, mode="multi", document=document)
+        if len(shown.text) >= 8:
+            yield prefix + shown.text[:3], suffix

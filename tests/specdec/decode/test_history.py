@@ -1,17 +1,13 @@
 """The suggestion history: typing along, and repeats continued from the cursor."""
 
 from specdec import Engine, load_model
-from tests.helpers import code_prompts
+from tests.helpers import typed_along
 
 
 def test_typing_along_a_suggestion_is_proposed_from_history(tiny_models):
     engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), adaptive=False)
     accepted, steps = 0, 0
-    for _path, prefix, suffix in code_prompts(6, seed=31, before=500, after=100):
-        shown = engine.complete(prefix, suffix, max_tokens=24, mode="multi", document="doc.py")
-        if len(shown.text) < 8:
-            continue
-        typed = prefix + shown.text[:3]
+    for typed, suffix in typed_along(engine):
         reference = engine.complete(typed, suffix, strategy="ar", max_tokens=16, mode="multi", document="other.py")
         follow = engine.complete(typed, suffix, strategy="hybrid", max_tokens=16, mode="multi", document="doc.py")
         assert follow.tokens == reference.tokens  # lossless like every source

@@ -51,7 +51,7 @@ def test_the_draft_sits_out_the_steps_that_run_along_a_suggestion(tiny_models, m
     from specdec import Engine, load_model
     from specdec.decode import proposing
     from specdec.decode.drafting import DraftRunner
-    from tests.helpers import code_prompts
+    from tests.helpers import typed_along
 
     events, along, chain = [], proposing._along_a_suggestion, DraftRunner.chain
     monkeypatch.setattr(proposing, "_along_a_suggestion", lambda g, ctx: events.append(("along", along(g, ctx))) or
@@ -61,11 +61,7 @@ def test_the_draft_sits_out_the_steps_that_run_along_a_suggestion(tiny_models, m
     for adaptive in (True, False):
         engine = Engine(target, draft, adaptive=adaptive)
         steps_along, drafted_along = 0, 0
-        for _path, prefix, suffix in code_prompts(6, seed=31, before=500, after=100):
-            shown = engine.complete(prefix, suffix, max_tokens=24, mode="multi", document="doc.py")
-            if len(shown.text) < 8:
-                continue
-            typed = prefix + shown.text[:3]
+        for typed, suffix in typed_along(engine):
             reference = engine.complete(typed, suffix, strategy="ar", max_tokens=16, mode="multi", document="x.py")
             events.clear()
             follow = engine.complete(typed, suffix, strategy="hybrid", max_tokens=16, mode="multi", document="doc.py")
