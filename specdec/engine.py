@@ -16,6 +16,7 @@ from pathlib import Path
 import specdec_kernels as kernels
 from specdec.decode.budget import VerifyCost
 from specdec.decode.decoding import DecodeContext
+from specdec.decode.drafting import head_step_millis
 from specdec.decode.generation import Generation
 from specdec.decode.handle import CompletionHandle
 from specdec.decode.history import SuggestionHistory
@@ -157,6 +158,8 @@ class Engine:
             ratio = 0.1
             if self.draft is not None:
                 ratio = VerifyCost.measure(self.draft, repeats=3, sample_ids=sample)(1) / self.verify_cost(1)
+            elif self.head is not None:
+                ratio = head_step_millis(self.head) / self.verify_cost(1)
             # Draft while a token's acceptance chance pays for its draft forward.
             self.draft_min_prob = min(0.5, max(0.05, ratio))
 

@@ -3,6 +3,8 @@
 Every source returns DraftPaths rooted after the last committed token.
 """
 
+import statistics
+import time
 from typing import NamedTuple
 
 import torch
@@ -186,6 +188,23 @@ def common_prefix(a: list, b: list) -> int:
         else:
             hi = mid
     return lo
+
+
+@under_inference_mode
+def head_step_millis(head: Eagle3Head, context: int = 512, repeats: int = 9) -> float:
+    """Milliseconds of one drafting step of an EAGLE-3 head (its own output fed back, its LM
+    head included) over `context` cached rows, the median of `repeats`: what each token of a
+    head's chain costs, as a target forward is what each plain token costs."""
+    cache = head.new_cache(context + repeats + 1)
+    features = torch.zeros(context, 3 * head.config.target_hidden_size, dtype=head.dtype)
+    positions = torch.arange(1, context + 1)
+    _, hidden = head(torch.zeros(context, dtype=torch.long), features, positions, cache)
+    times = []
+    for r in range(repeats):
+        started = time.perf_counter()
+        head(torch.zeros(1, dtype=torch.long), hidden[-1:], torch.tensor([context + 1 + r]), cache, fused=True)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
 
 
 class EagleRunner:

@@ -54,16 +54,25 @@ class AcceptanceStats:
 
 @dataclass
 class SpeculationPolicy:
-    """Acceptance estimates and step speeds (ms per generated token, EMA) per strategy."""
+    """Acceptance estimates and step speeds (ms per generated token) per strategy."""
 
     acceptance: AcceptanceStats = field(default_factory=AcceptanceStats)
     step_speed: dict = field(default_factory=dict)  # strategy -> {"spec": ms, "plain": ms}
     steps: dict = field(default_factory=dict)  # strategy -> steps recorded
+    samples: dict = field(default_factory=dict)  # strategy -> {"spec": steps, "plain": steps}
+    slower_at: dict = field(default_factory=dict)  # strategy -> its step count at its last step of the slower kind
+    totals: dict = field(default_factory=dict)  # strategy -> {kind: (mean ms, mean tokens) of its steps}
 
+    # Steps of each kind measured before either may be given up: step times vary with the
+    # context and the tree, so one slow first speculating step (which once stood for the whole
+    # document) says little. Until then the kinds alternate.
+    MIN_SAMPLES = 8
     # At least this many steps per step of the slower kind, which keeps its estimate current,
     # and at most this share of the time lost to exploring. Where speculation does not pay,
-    # exploring is most of what a strategy loses against plain decoding, so the share is small.
-    EXPLORE_EVERY = 64
+    # exploring is most of what a strategy loses against plain decoding, so the share is small;
+    # where the two kinds run close, exploring is cheap and frequent, so a noisy estimate that
+    # put the faster kind behind is soon corrected.
+    EXPLORE_EVERY = 8
     EXPLORE_COST = 0.005
     # A step's time counts at most this many times its kind's estimate. The faster kind is
     # measured at every step but the slower one only when explored: one plain step stalled
@@ -73,19 +82,23 @@ class SpeculationPolicy:
 
     def should_speculate(self, strategy: str) -> bool:
         """Speculate where it is measured faster (a pure question: recording a step moves the state)."""
-        speeds = self.step_speed.get(strategy, {})
-        spec, plain = speeds.get("spec"), speeds.get("plain")
-        if spec is None or plain is None:
-            return spec is None
-        faster = spec < plain
+        counts = self.samples.get(strategy, {})
+        spec_steps, plain_steps = counts.get("spec", 0), counts.get("plain", 0)
+        if min(spec_steps, plain_steps) < self.MIN_SAMPLES:
+            return spec_steps <= plain_steps
+        speeds = self.step_speed[strategy]
+        faster = speeds["spec"] < speeds["plain"]
         interval = self.explore_interval(strategy)
-        explore = self.steps.get(strategy, 0) % interval == interval - 1
+        # Counted from the slower kind's last step, not as steps modulo the interval: the
+        # interval moves with every measured step, and a moving modulus skipped explorations.
+        explore = self.steps.get(strategy, 0) - self.slower_at.get(strategy, 0) >= interval - 1
         return not faster if explore else faster
 
     def explore_interval(self, strategy: str) -> int:
         """Steps per exploring step: a step of the slower kind costs (slower / faster - 1) of a
         step, so the further apart the kinds were measured, the rarer the exploration (a draft
-        measured twice as slow as plain decoding is tried once in 200 steps, not once in 64)."""
+        measured twice as slow as plain decoding is tried once in 200 steps, one 4% slower once
+        in 8)."""
         speeds = self.step_speed.get(strategy, {})
         spec, plain = speeds.get("spec"), speeds.get("plain")
         if not spec or not plain:
@@ -94,15 +107,30 @@ class SpeculationPolicy:
         return max(self.EXPLORE_EVERY, math.ceil(gap / self.EXPLORE_COST))
 
     def record_step(self, strategy: str, speculative: bool, millis: float, tokens: int, rate: float = 0.1) -> None:
+        """A step's milliseconds and tokens into its kind's averages, whose ratio is the kind's
+        milliseconds per token. The ratio of averages, not the average of each step's ratio: a
+        tree that took 3 tokens in 39 ms and one that took 1 in 33 ms made 18 ms a token, where
+        the mean of 13 and 33 said 23, slower than a plain step's 22 (speculation judged slower
+        where it was faster). Each average is the plain mean while there are fewer than 1 / rate
+        steps (a first step must not weigh as much as the next ten together), then a moving one."""
         if tokens <= 0:
             return
         self.steps[strategy] = self.steps.get(strategy, 0) + 1
         speeds = self.step_speed.setdefault(strategy, {})
+        if len(speeds) == 2 and (speeds["spec"] < speeds["plain"]) != speculative:
+            self.slower_at[strategy] = self.steps[strategy]
+        counts = self.samples.setdefault(strategy, {})
+        totals = self.totals.setdefault(strategy, {})
         kind = "spec" if speculative else "plain"
-        value = millis / tokens
-        if kind in speeds:  # one stalled step (a collection, the OS) must not reverse the decision
-            value = min(value, self.OUTLIER_CAP * speeds[kind])
-        speeds[kind] = value if kind not in speeds else speeds[kind] + rate * (value - speeds[kind])
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind not in totals:
+            totals[kind] = (float(millis), float(tokens))
+        else:  # one stalled step (a collection, the OS) must not reverse the decision
+            millis = min(millis, self.OUTLIER_CAP * speeds[kind] * tokens)
+            weight = max(rate, 1.0 / counts[kind])
+            mean_ms, mean_tokens = totals[kind]
+            totals[kind] = (mean_ms + weight * (millis - mean_ms), mean_tokens + weight * (tokens - mean_tokens))
+        speeds[kind] = totals[kind][0] / totals[kind][1]
 
 
 class PolicyPair(NamedTuple):

@@ -108,11 +108,12 @@ def _paths(g: Generation, ctx: DecodeContext, acceptance, draft: bool = True) ->
     if drafter is not None and draft:
         if drafter is g.draft:
             _catch_up(g)
-        # A draft token must pay for its draft forward and for its place in the tree; when
+        # A draft token must pay for its draft forward and for its place in the tree, both: its
+        # acceptance chance times a target step must beat the two costs together. When
         # speculation is forced, costs are no concern, and the draft drafts while it is not guessing.
         floor = FORCED_DRAFT_FLOOR
         if ctx.adaptive:
-            floor = max(ctx.draft_min_prob, min_useful_prob(ctx.verify_cost, g.riding))
+            floor = ctx.draft_min_prob + min_useful_prob(ctx.verify_cost, g.riding)
             floor /= acceptance.draft_scale
         first = g.healing.allowed if g.healing_pending else None
         tokens, probs = drafter.chain(g.committed, ctx.draft_depth, min(0.95, floor), first, ctx.prompts.stop_ids)

@@ -149,8 +149,10 @@ def test_the_further_apart_the_step_speeds_the_rarer_the_exploration():
     from specdec.decode.policy import SpeculationPolicy
 
     policy = SpeculationPolicy()
-    policy.step_speed["draft"] = {"spec": 4.4, "plain": 4.0}  # 10% apart: the floor of 64
-    assert policy.explore_interval("draft") == 64
+    policy.step_speed["draft"] = {"spec": 4.08, "plain": 4.0}  # 2% apart: the floor of 8
+    assert policy.explore_interval("draft") == 8
+    policy.step_speed["draft"] = {"spec": 5.0, "plain": 4.0}  # 25% apart: 0.5% of the time at most
+    assert policy.explore_interval("draft") == 50
     policy.step_speed["draft"] = {"spec": 8.0, "plain": 4.0}  # twice as slow: 0.5% of the time at most
     assert policy.explore_interval("draft") == 200
     policy.step_speed["draft"] = {"spec": 2.0, "plain": 4.0}  # speculation faster: plain steps explored as rarely
@@ -165,7 +167,9 @@ def test_exploration_keeps_its_interval_while_the_measured_speeds_move():
     from specdec.decode.policy import SpeculationPolicy
 
     policy, rng = SpeculationPolicy(), random.Random(2)
-    policy.step_speed["draft"] = {"spec": 3.0, "plain": 1.5}
+    for _ in range(policy.MIN_SAMPLES):
+        policy.record_step("draft", True, 3.0, 1)
+        policy.record_step("draft", False, 1.5, 1)
     explored, steps = 0, 4000
     for _ in range(steps):
         speculate = policy.should_speculate("draft")
@@ -180,7 +184,9 @@ def test_one_stalled_step_does_not_reverse_the_decision():
     from specdec.decode.policy import SpeculationPolicy
 
     policy = SpeculationPolicy()
-    policy.step_speed["draft"] = {"spec": 2.6, "plain": 1.3}
+    for _ in range(policy.MIN_SAMPLES):
+        policy.record_step("draft", True, 2.6, 1)
+        policy.record_step("draft", False, 1.3, 1)
     policy.record_step("draft", False, 40.0, 1)  # a 40 ms plain step: a pause, not the speed
     assert policy.step_speed["draft"]["plain"] < 1.3 * 1.3 and not policy.should_speculate("draft")
     for _ in range(30):  # a lasting change still moves it
