@@ -61,7 +61,7 @@ class SpeculationPolicy:
     steps: dict = field(default_factory=dict)  # strategy -> steps recorded
     samples: dict = field(default_factory=dict)  # strategy -> {"spec": steps, "plain": steps}
     slower_at: dict = field(default_factory=dict)  # strategy -> its step count at its last step of the slower kind
-    totals: dict = field(default_factory=dict)  # strategy -> {kind: (mean ms, mean tokens) of its steps}
+    means: dict = field(default_factory=dict)  # strategy -> {kind: (mean ms, mean tokens) of its steps}
 
     # Steps of each kind measured before either may be given up: step times vary with the
     # context and the tree, so one slow first speculating step (which once stood for the whole
@@ -120,17 +120,17 @@ class SpeculationPolicy:
         if len(speeds) == 2 and (speeds["spec"] < speeds["plain"]) != speculative:
             self.slower_at[strategy] = self.steps[strategy]
         counts = self.samples.setdefault(strategy, {})
-        totals = self.totals.setdefault(strategy, {})
+        means = self.means.setdefault(strategy, {})
         kind = "spec" if speculative else "plain"
         counts[kind] = counts.get(kind, 0) + 1
-        if kind not in totals:
-            totals[kind] = (float(millis), float(tokens))
+        if kind not in means:
+            means[kind] = (float(millis), float(tokens))
         else:  # one stalled step (a collection, the OS) must not reverse the decision
             millis = min(millis, self.OUTLIER_CAP * speeds[kind] * tokens)
             weight = max(rate, 1.0 / counts[kind])
-            mean_ms, mean_tokens = totals[kind]
-            totals[kind] = (mean_ms + weight * (millis - mean_ms), mean_tokens + weight * (tokens - mean_tokens))
-        speeds[kind] = totals[kind][0] / totals[kind][1]
+            mean_ms, mean_tokens = means[kind]
+            means[kind] = (mean_ms + weight * (millis - mean_ms), mean_tokens + weight * (tokens - mean_tokens))
+        speeds[kind] = means[kind][0] / means[kind][1]
 
 
 class PolicyPair(NamedTuple):

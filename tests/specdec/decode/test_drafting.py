@@ -85,8 +85,10 @@ def test_a_cold_request_feeds_the_draft_its_prompt_only_when_it_drafts(tiny_mode
     original = engine.draft.forward
     engine.draft.forward = lambda ids, *args, **kwargs: fed.append(len(ids)) or original(ids, *args, **kwargs)
     (_, prefix, suffix), (_, other, other_suffix) = code_prompts(2, seed=31, before=600, after=100)
-    engine.policies.prior.step_speed["draft"] = {"spec": 50.0, "plain": 1.0}  # measured far slower: plain steps
-    engine.policies.prior.steps["draft"] = 0
+    prior = engine.policies.prior
+    for _ in range(prior.MIN_SAMPLES):  # drafting measured far slower, and as often as needed: plain steps
+        prior.record_step("draft", True, 50.0, 1)
+        prior.record_step("draft", False, 1.0, 1)
     reference = engine.complete(prefix, suffix, strategy="ar", max_tokens=6, use_prompt_cache=False)
     plain = engine.complete(prefix, suffix, strategy="draft", max_tokens=6, use_prompt_cache=False)
     assert plain.tokens == reference.tokens and fed == []
@@ -143,3 +145,23 @@ def test_draft_paths_are_typed():
     paths = ngram_paths([1, 2, 3, 9, 1, 2, 3], AcceptanceStats())
     assert paths and all(isinstance(p, DraftPath) for p in paths)
     assert paths[0].source == "ngram" and paths[0].tokens[0] == 9 and len(paths[0].probs) == len(paths[0].tokens)
+
+
+def test_a_heads_drafting_step_is_timed_and_prices_its_tokens(tmp_path, tiny_models, monkeypatch):
+    """warm_up measures a head's step (it used to assume a tenth of a target step) and its ratio
+    to a target step becomes the head's draft floor."""
+    import specdec.engine
+    from specdec import Engine
+    from specdec.decode.drafting import head_step_millis
+
+    head, _ids, _features = _head_and_prompt_features(tmp_path, tiny_models)
+    millis = head_step_millis(head, context=16, repeats=3)
+    assert 0.0 < millis < 1000.0
+    engine = Engine(head_target := load_model(tiny_models[0]), head=head, warm_up=False)
+    engine.warm_up()
+    assert 0.05 <= engine.draft_min_prob <= 0.5
+    fresh = Engine(head_target, head=head, warm_up=False)
+    fresh.verify_cost = engine.verify_cost
+    monkeypatch.setattr(specdec.engine, "head_step_millis", lambda h: 0.3 * engine.verify_cost(1))
+    fresh.warm_up()
+    assert fresh.draft_min_prob == pytest.approx(0.3)

@@ -1,5 +1,6 @@
 """Proposing: a tree's paths cut where the completion must end."""
 
+import pytest
 
 
 def test_a_single_line_tree_stops_at_its_paths_first_newline(engine, monkeypatch):
@@ -74,3 +75,24 @@ def test_the_draft_sits_out_the_steps_that_run_along_a_suggestion(tiny_models, m
             assert steps_along >= 3 and drafted_along == 0, (steps_along, drafted_along)
         else:  # forced: no step asks whether it runs along; the draft drafts at every step
             assert steps_along == 0 and sum(kind == "draft" for kind, _ in events) > 0
+
+
+def test_a_draft_token_must_pay_for_its_draft_step_and_its_tree_node_together(tiny_models, monkeypatch):
+    """The adaptive floor of a draft token's chance is the draft step's cost plus the verify
+    cost of one more tree node, both over a target step: either alone let chains grow that cost
+    more than they won."""
+    from specdec import Engine, load_model
+    from specdec.decode.budget import min_useful_prob
+    from specdec.decode.drafting import DraftRunner
+
+    asked, chain = [], DraftRunner.chain
+    monkeypatch.setattr(DraftRunner, "chain", lambda self, committed, depth, floor, *a, **k:
+                        asked.append(floor) or chain(self, committed, depth, floor, *a, **k))
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]))
+    engine.draft_min_prob = 0.2
+    policy = engine.policies.prior
+    # Both as the first step sees them: served forwards re-measure the cost curve afterwards.
+    expected = (0.2 + min_useful_prob(engine.verify_cost)) / policy.acceptance.draft_scale
+    engine.complete("def add(a, b):\n    return", "", strategy="draft", max_tokens=4, mode="multi")
+    assert asked
+    assert asked[0] == pytest.approx(min(0.95, expected))
