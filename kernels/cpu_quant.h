@@ -1,9 +1,10 @@
 /* Integer products on 8-bit weight blocks (included by cpu_decode.c, after Mat): a GGUF model's
  * weights repacked at load (specdec/packed.py) and multiplied without ever becoming floats.
  *
- * Weights: each row in blocks of 32 columns, w = scale * (q - zero) + offset, q an unsigned byte.
- * GGUF's Q8_0, Q5_0 and Q4_0 blocks map onto this exactly (offset 0, zero 128, 16 or 8), Q4_K's
- * sub-blocks exactly too (zero 0, offset -dmin * m); other formats are requantized per block.
+ * Weights: each row in blocks of 32 columns, w = scale * (q - zero) + offset, q an unsigned byte
+ * and zero one integer for the whole matrix. GGUF's Q8_0, Q5_0 and Q4_0 blocks map onto this
+ * exactly (offset 0, zero 128, 16 or 8), Q4_K's sub-blocks exactly too (zero 0, offset -dmin * m);
+ * other formats are requantized per block.
  * The bytes lie in tiles of 16 rows: for tile T and block b, eight groups of 4 columns, each
  * group 16 rows x 4 bytes (64 bytes: one AVX-512 register, two AVX2 ones), so that one broadcast
  * of 4 activation bytes meets 16 rows at once.
@@ -11,9 +12,11 @@
  * Activations: each token's row quantized per block of 32 to signed bytes, x = dx * xq, |xq| <=
  * 127, with the block's sum of xq kept. A block's contribution to y[r] is then
  *     dx * (scale * (sum q xq - zero * sum xq) + offset * sum xq),
- * the integer part exact. Every variant (portable C, AVX2, AVX-512 VNNI) computes the same
- * integers and the same float operations in the same order, so they agree bit for bit, and a
- * token's outputs do not depend on what else shares its step. */
+ * the integer part exact. Its sum starts at -zero * sum xq, a number per token and block kept
+ * with the quantized row (start), so that the inner loop pays no vector multiply for the zero. Every variant (portable C,
+ * AVX2, AVX-512 VNNI) computes the same integers and the same float operations in the same
+ * order, so they agree bit for bit, and a token's outputs do not depend on what else shares its
+ * step. */
 
 #include <stdint.h>
 
@@ -21,7 +24,7 @@ typedef struct {
     const uint8_t *q;     /* [tiles][blocks][8][16][4] */
     const float *scale;   /* [tiles][blocks][16] */
     const float *offset;  /* [tiles][blocks][16], or NULL: every offset 0 */
-    const int32_t *zero;  /* [tiles * 16] */
+    int64_t zero;         /* the whole matrix's */
     int64_t rows, cols;   /* cols a multiple of 32; rows padded to whole tiles in the arrays */
     int64_t wide;         /* some q above 127: AVX2's pairwise byte products could saturate */
 } QMat;
@@ -29,7 +32,7 @@ typedef struct {
 typedef struct {          /* n tokens' rows quantized, per block of 32 */
     int8_t *xq;           /* [n][cols] */
     float *dx;            /* [n][cols / 32] */
-    int32_t *sum;         /* [n][cols / 32] */
+    int32_t *start;       /* [n][cols / 32]: -zero * sum xq, where each block's integer sum starts */
     float *xs;            /* [n][cols / 32]: dx * sum, what an offset multiplies */
     int64_t cols, capacity; /* capacity: bytes of xq available (n * cols at most) */
 } QAct;
@@ -37,7 +40,7 @@ typedef struct {          /* n tokens' rows quantized, per block of 32 */
 enum { QKERNEL_PORTABLE = 0, QKERNEL_AVX2 = 1, QKERNEL_AVX512_VNNI = 2 };
 static int qkernel = QKERNEL_PORTABLE; /* set by specdec_set_qkernel once a probe ran it */
 
-static void quantize_activations(const float *X, int64_t ldx, int64_t n, int64_t cols, QAct *a) {
+static void quantize_activations(const float *X, int64_t ldx, int64_t n, int64_t cols, int64_t zero, QAct *a) {
     const int64_t nb = cols / 32;
     a->cols = cols;
     for (int64_t t = 0; t < n; t++)
@@ -49,14 +52,14 @@ static void quantize_activations(const float *X, int64_t ldx, int64_t n, int64_t
             int8_t *q = a->xq + t * cols + b * 32;
             int32_t sum = 0;
             for (int k = 0; k < 32; k++) sum += q[k] = (int8_t)nearbyintf(x[k] * inverse);
-            a->dx[t * nb + b] = d, a->sum[t * nb + b] = sum, a->xs[t * nb + b] = d * (float)sum;
+            a->dx[t * nb + b] = d, a->start[t * nb + b] = (int32_t)-zero * sum, a->xs[t * nb + b] = d * (float)sum;
         }
 }
 
 /* Row r of a packed matrix as floats (the embedding's lookups). */
 static void qmat_row(const QMat *m, int64_t r, float *out) {
     const int64_t nb = m->cols / 32, tile = r / 16, i = r % 16;
-    const float zero = (float)m->zero[r];
+    const float zero = (float)m->zero;
     for (int64_t b = 0; b < nb; b++) {
         const int64_t at = tile * nb + b;
         const uint8_t *q = m->q + at * 512 + i * 4;
@@ -81,14 +84,14 @@ static void qtiles_portable(const QMat *m, int64_t T0, int64_t T1, const QAct *a
                 const int64_t at = T * nb + b;
                 const uint8_t *w = m->q + at * 512;
                 const int8_t *x = a->xq + t * a->cols + b * 32;
-                int32_t dot[16] = {0};
+                int32_t dot[16];
+                for (int i = 0; i < 16; i++) dot[i] = a->start[t * nb + b];
                 for (int g = 0; g < 8; g++)
                     for (int i = 0; i < 16; i++)
                         for (int k = 0; k < 4; k++) dot[i] += (int32_t)w[g * 64 + i * 4 + k] * x[g * 4 + k];
                 const float dx = a->dx[t * nb + b], xs = a->xs[t * nb + b];
-                const int32_t sum = a->sum[t * nb + b];
                 for (int i = 0; i < 16; i++) {
-                    acc[i] = fmaf((float)(dot[i] - m->zero[T * 16 + i] * sum), m->scale[at * 16 + i] * dx, acc[i]);
+                    acc[i] = fmaf((float)dot[i], m->scale[at * 16 + i] * dx, acc[i]);
                     if (m->offset) acc[i] = fmaf(m->offset[at * 16 + i], xs, acc[i]);
                 }
             }
@@ -100,42 +103,88 @@ static void qtiles_portable(const QMat *m, int64_t T0, int64_t T1, const QAct *a
 #include <immintrin.h>
 #define QTOKENS 4 /* tokens per pass over a tile: each weight register serves them all */
 
+/* One tile for QTOKENS tokens. Each token's sum runs as two chains of four products (even and
+ * odd groups), interleaved across the tokens: one chain of eight made each product wait on the
+ * one before it. The sums are integers, exact in any order. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static void qtile_avx512_vnni_full(const QMat *m, int64_t T, const QAct *a, int64_t t0, float *Y, int64_t ldy,
+                                   const float *bias) {
+    const int64_t nb = m->cols / 32;
+    __m512 acc[QTOKENS];
+    for (int j = 0; j < QTOKENS; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t at = T * nb + b;
+        const uint8_t *w = m->q + at * 512;
+        __m512i wg[8], even[QTOKENS], odd[QTOKENS];
+        for (int g = 0; g < 8; g++) wg[g] = _mm512_loadu_si512(w + g * 64);
+        for (int j = 0; j < QTOKENS; j++)
+            even[j] = _mm512_set1_epi32(a->start[(t0 + j) * nb + b]), odd[j] = _mm512_setzero_si512();
+        for (int g = 0; g < 8; g += 2)
+            for (int j = 0; j < QTOKENS; j++) {
+                const int8_t *x = a->xq + (t0 + j) * a->cols + b * 32 + g * 4;
+                even[j] = _mm512_dpbusd_epi32(even[j], wg[g], _mm512_set1_epi32(*(const int32_t *)x));
+                odd[j] = _mm512_dpbusd_epi32(odd[j], wg[g + 1], _mm512_set1_epi32(*(const int32_t *)(x + 4)));
+            }
+        const __m512 scale = _mm512_loadu_ps(m->scale + at * 16);
+        for (int j = 0; j < QTOKENS; j++) {
+            const int64_t t = t0 + j;
+            const __m512 dxs = _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[t * nb + b]));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even[j], odd[j])), dxs, acc[j]);
+            if (m->offset)
+                acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(m->offset + at * 16), _mm512_set1_ps(a->xs[t * nb + b]), acc[j]);
+        }
+    }
+    for (int j = 0; j < QTOKENS; j++) {
+        float out[16];
+        _mm512_storeu_ps(out, acc[j]);
+        store_tile(out, T * 16, m->rows, bias, Y + (t0 + j) * ldy);
+    }
+}
+
+/* One tile for fewer than QTOKENS tokens (a decode step's one, a short tree's few): one chain of
+ * eight products per token, which measured faster than the split chains at one and two tokens,
+ * where the weights' loads, not the products, bound the kernel. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static void qtile_avx512_vnni_few(const QMat *m, int64_t T, const QAct *a, int64_t t0, int nt, float *Y,
+                                  int64_t ldy, const float *bias) {
+    const int64_t nb = m->cols / 32;
+    __m512 acc[QTOKENS];
+    for (int j = 0; j < QTOKENS; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t at = T * nb + b;
+        const uint8_t *w = m->q + at * 512;
+        __m512i wg[8];
+        for (int g = 0; g < 8; g++) wg[g] = _mm512_loadu_si512(w + g * 64);
+        const __m512 scale = _mm512_loadu_ps(m->scale + at * 16);
+        const __m512 offset = m->offset ? _mm512_loadu_ps(m->offset + at * 16) : _mm512_setzero_ps();
+        for (int j = 0; j < nt; j++) {
+            const int64_t t = t0 + j;
+            const int8_t *x = a->xq + t * a->cols + b * 32;
+            __m512i dot = _mm512_set1_epi32(a->start[t * nb + b]);
+            for (int g = 0; g < 8; g++)
+                dot = _mm512_dpbusd_epi32(dot, wg[g], _mm512_set1_epi32(*(const int32_t *)(x + g * 4)));
+            const __m512 dxs = _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[t * nb + b]));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dxs, acc[j]);
+            if (m->offset) acc[j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(a->xs[t * nb + b]), acc[j]);
+        }
+    }
+    for (int j = 0; j < nt; j++) {
+        float out[16];
+        _mm512_storeu_ps(out, acc[j]);
+        store_tile(out, T * 16, m->rows, bias, Y + (t0 + j) * ldy);
+    }
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 static void qtiles_avx512_vnni(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t n, float *Y,
                                int64_t ldy, const float *bias) {
-    const int64_t nb = m->cols / 32;
-    for (int64_t T = T0; T < T1; T++) {
-        const __m512i zero = _mm512_loadu_si512(m->zero + T * 16);
+    for (int64_t T = T0; T < T1; T++)
         for (int64_t t0 = 0; t0 < n; t0 += QTOKENS) {
-            const int nt = n - t0 < QTOKENS ? (int)(n - t0) : QTOKENS;
-            __m512 acc[QTOKENS];
-            for (int j = 0; j < QTOKENS; j++) acc[j] = _mm512_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                const int64_t at = T * nb + b;
-                const uint8_t *w = m->q + at * 512;
-                __m512i wg[8];
-                for (int g = 0; g < 8; g++) wg[g] = _mm512_loadu_si512(w + g * 64);
-                const __m512 scale = _mm512_loadu_ps(m->scale + at * 16);
-                const __m512 offset = m->offset ? _mm512_loadu_ps(m->offset + at * 16) : _mm512_setzero_ps();
-                for (int j = 0; j < nt; j++) {
-                    const int64_t t = t0 + j;
-                    const int8_t *x = a->xq + t * a->cols + b * 32;
-                    __m512i dot = _mm512_setzero_si512();
-                    for (int g = 0; g < 8; g++)
-                        dot = _mm512_dpbusd_epi32(dot, wg[g], _mm512_set1_epi32(*(const int32_t *)(x + g * 4)));
-                    dot = _mm512_sub_epi32(dot, _mm512_mullo_epi32(zero, _mm512_set1_epi32(a->sum[t * nb + b])));
-                    const __m512 dxs = _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[t * nb + b]));
-                    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dxs, acc[j]);
-                    if (m->offset) acc[j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(a->xs[t * nb + b]), acc[j]);
-                }
-            }
-            for (int j = 0; j < nt; j++) {
-                float out[16];
-                _mm512_storeu_ps(out, acc[j]);
-                store_tile(out, T * 16, m->rows, bias, Y + (t0 + j) * ldy);
-            }
+            if (n - t0 >= QTOKENS)
+                qtile_avx512_vnni_full(m, T, a, t0, Y, ldy, bias);
+            else
+                qtile_avx512_vnni_few(m, T, a, t0, (int)(n - t0), Y, ldy, bias);
         }
-    }
 }
 
 /* AVX2: u8 x s8 pairs summed in 16 bits (maddubs), exact while q <= 127 (not `wide`). */
@@ -145,15 +194,13 @@ static void qtiles_avx2(const QMat *m, int64_t T0, int64_t T1, const QAct *a, in
     const int64_t nb = m->cols / 32;
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t T = T0; T < T1; T++) {
-        const __m256i zero0 = _mm256_loadu_si256((const __m256i *)(m->zero + T * 16));
-        const __m256i zero1 = _mm256_loadu_si256((const __m256i *)(m->zero + T * 16 + 8));
         for (int64_t t = 0; t < n; t++) {
             __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t at = T * nb + b;
                 const uint8_t *w = m->q + at * 512;
                 const int8_t *x = a->xq + t * a->cols + b * 32;
-                __m256i dot0 = _mm256_setzero_si256(), dot1 = _mm256_setzero_si256();
+                __m256i dot0 = _mm256_set1_epi32(a->start[t * nb + b]), dot1 = dot0;
                 for (int g = 0; g < 8; g++) {
                     const __m256i xb = _mm256_set1_epi32(*(const int32_t *)(x + g * 4));
                     const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + g * 64));
@@ -161,9 +208,6 @@ static void qtiles_avx2(const QMat *m, int64_t T0, int64_t T1, const QAct *a, in
                     dot0 = _mm256_add_epi32(dot0, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, xb), ones));
                     dot1 = _mm256_add_epi32(dot1, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, xb), ones));
                 }
-                const __m256i sum = _mm256_set1_epi32(a->sum[t * nb + b]);
-                dot0 = _mm256_sub_epi32(dot0, _mm256_mullo_epi32(zero0, sum));
-                dot1 = _mm256_sub_epi32(dot1, _mm256_mullo_epi32(zero1, sum));
                 const __m256 dx = _mm256_set1_ps(a->dx[t * nb + b]);
                 acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot0), _mm256_mul_ps(_mm256_loadu_ps(m->scale + at * 16), dx), acc0);
                 acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot1), _mm256_mul_ps(_mm256_loadu_ps(m->scale + at * 16 + 8), dx), acc1);
@@ -198,7 +242,7 @@ static __thread QAct *thread_qact;
 static void qgemm_rows(const QMat *m, const float *X, int64_t ldx, float *Y, int64_t ldy, int64_t n,
                        const float *bias, int64_t r0, int64_t r1) {
     QAct *a = thread_qact;
-    quantize_activations(X, ldx, n, m->cols, a);
+    quantize_activations(X, ldx, n, m->cols, m->zero, a);
     qtiles(m, r0 / 16, (r1 + 15) / 16, a, n, Y, ldy, bias, qkernel);
 }
 
@@ -210,8 +254,8 @@ static size_t qact_bytes(int64_t n, int64_t cols) {
 static QAct *qact_at(void *memory, int64_t n, int64_t cols) {
     QAct *a = memory;
     const int64_t blocks = n * (cols / 32);
-    a->dx = (float *)(a + 1), a->xs = a->dx + blocks, a->sum = (int32_t *)(a->xs + blocks);
-    a->xq = (int8_t *)(a->sum + blocks), a->capacity = n * cols, a->cols = cols;
+    a->dx = (float *)(a + 1), a->xs = a->dx + blocks, a->start = (int32_t *)(a->xs + blocks);
+    a->xq = (int8_t *)(a->start + blocks), a->capacity = n * cols, a->cols = cols;
     return a;
 }
 
@@ -224,18 +268,16 @@ int specdec_qkernel_probe(int kernel) {
     enum { ROWS = 20, COLS = 64, N = 5 };
     static uint8_t q[2 * (COLS / 32) * 512]; /* 2 tiles of 16 rows */
     static float scale[2 * 16 * 2], offset[2 * 16 * 2], X[N * COLS], Y0[N * ROWS], Y1[N * ROWS];
-    static int32_t zero[32];
     static int8_t xq[N * COLS];
     static float dx[N * 2], xs[N * 2];
-    static int32_t sums[N * 2];
+    static int32_t starts[N * 2];
     uint32_t state = 12345u;
     for (size_t i = 0; i < sizeof q; i++) q[i] = (uint8_t)((state = state * 1103515245u + 12345u) >> 25);
     for (int i = 0; i < 64; i++) scale[i] = 0.01f * (float)(i % 7 + 1), offset[i] = -0.003f * (float)(i % 5);
-    for (int i = 0; i < 32; i++) zero[i] = i % 3 == 0 ? 16 : 64;
     for (int i = 0; i < N * COLS; i++) X[i] = (float)((int)((state = state * 1103515245u + 12345u) >> 24) - 128) / 37.0f;
-    QMat m = {q, scale, offset, zero, ROWS, COLS, 0};
-    QAct a = {xq, dx, sums, xs, COLS, N * COLS};
-    quantize_activations(X, COLS, N, COLS, &a);
+    QMat m = {q, scale, offset, 64, ROWS, COLS, 0};
+    QAct a = {xq, dx, starts, xs, COLS, N * COLS};
+    quantize_activations(X, COLS, N, COLS, m.zero, &a);
     qtiles_portable(&m, 0, 2, &a, N, Y0, ROWS, NULL);
     qtiles(&m, 0, 2, &a, N, Y1, ROWS, NULL, kernel);
     return memcmp(Y0, Y1, sizeof Y0) != 0;
@@ -251,7 +293,7 @@ int specdec_qgemm(const QMat *m, const float *X, int64_t n, float *Y, int kernel
 #pragma omp parallel num_threads(threads)
     {
         QAct *a = qact_at(memory + stride * (size_t)omp_get_thread_num(), n, m->cols);
-        quantize_activations(X, m->cols, n, m->cols, a);
+        quantize_activations(X, m->cols, n, m->cols, m->zero, a);
         const int64_t me = omp_get_thread_num(), all = omp_get_num_threads();
         qtiles(m, tiles * me / all, tiles * (me + 1) / all, a, n, Y, m->rows, NULL, kernel);
     }

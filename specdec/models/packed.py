@@ -27,7 +27,7 @@ class PackedRows:
     q: np.ndarray  # uint8 [rows, cols]
     scale: np.ndarray  # float32 [rows, cols / 32]
     offset: np.ndarray | None  # float32 [rows, cols / 32], or None: all zero
-    zero: np.ndarray  # int32 [rows]
+    zero: int  # one for the whole matrix: the kernels start each block's sum at -zero * sum(x)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -36,7 +36,7 @@ class PackedRows:
     def dequantized(self) -> np.ndarray:
         """The floats the rows stand for (tests; the kernels never make them)."""
         rows, cols = self.q.shape
-        values = self.q.reshape(rows, -1, BLOCK).astype(np.float32) - self.zero[:, None, None].astype(np.float32)
+        values = self.q.reshape(rows, -1, BLOCK).astype(np.float32) - np.float32(self.zero)
         values = values * self.scale[:, :, None]
         if self.offset is not None:
             values = values + self.offset[:, :, None]
@@ -44,17 +44,20 @@ class PackedRows:
 
     def take_rows(self, order: np.ndarray) -> "PackedRows":
         offset = None if self.offset is None else self.offset[order]
-        return PackedRows(self.q[order], self.scale[order], offset, self.zero[order])
+        return PackedRows(self.q[order], self.scale[order], offset, self.zero)
 
 
 def concat_rows(parts: list[PackedRows]) -> PackedRows:
     """Matrices stacked by rows (the fused [q; k; v]); an offset-free part gets zero offsets
-    when another part has offsets."""
+    when another part has offsets. Parts of different zeros (Q5_0's 16 beside Q8_0's 128) are
+    moved to the largest, exactly: every format's q - zero lies in [-zero, zero - 1] or, for
+    Q4_K, in [0, 15], so q - zero + the largest zero stays a byte."""
+    zero = max(part.zero for part in parts)
     offsets = None
     if any(part.offset is not None for part in parts):
         offsets = np.concatenate([np.zeros_like(p.scale) if p.offset is None else p.offset for p in parts])
-    return PackedRows(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]), offsets,
-                      np.concatenate([p.zero for p in parts]))
+    q = np.concatenate([(p.q.astype(np.int16) + (zero - p.zero)).astype(np.uint8) for p in parts])
+    return PackedRows(q, np.concatenate([p.scale for p in parts]), offsets, zero)
 
 
 def from_floats(values: np.ndarray) -> PackedRows:
@@ -65,7 +68,7 @@ def from_floats(values: np.ndarray) -> PackedRows:
     scale = (np.abs(blocks).max(axis=2) / 127).astype(np.float32)
     inverse = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
     q = np.rint(blocks * inverse[:, :, None]).clip(-127, 127).astype(np.int16) + 128
-    return PackedRows(q.astype(np.uint8).reshape(rows, cols), scale, None, np.full(rows, 128, dtype=np.int32))
+    return PackedRows(q.astype(np.uint8).reshape(rows, cols), scale, None, 128)
 
 
 def _half_scales(raw: np.ndarray, at: int) -> np.ndarray:
@@ -119,7 +122,7 @@ def from_gguf(raw: np.ndarray, kind_name: str, dequantize) -> PackedRows:
     _, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind_name]]
     q, scale, offset, zero = unpack(raw.reshape(rows, -1, block_bytes))
     return PackedRows(np.ascontiguousarray(q.reshape(rows, -1), dtype=np.uint8), scale.reshape(rows, -1),
-                      None if offset is None else offset.reshape(rows, -1), np.full(rows, zero, dtype=np.int32))
+                      None if offset is None else offset.reshape(rows, -1), zero)
 
 
 class PackedMatrix:
@@ -134,15 +137,15 @@ class PackedMatrix:
         self.q = np.ascontiguousarray(q.transpose(0, 2, 3, 1, 4))
         self.scale = _tiled(rows.scale, pad, tiles, blocks)
         self.offset = None if rows.offset is None else _tiled(rows.offset, pad, tiles, blocks)
-        self.zero = np.ascontiguousarray(np.pad(rows.zero, (0, pad)), dtype=np.int32)
+        self.zero = int(rows.zero)
         self.rows, self.cols, self.wide = count, cols, int(rows.q.max(initial=0) > 127)
         self.desc = cpu_decode.QMat(self.q.ctypes.data, self.scale.ctypes.data,
                                     None if self.offset is None else self.offset.ctypes.data,
-                                    self.zero.ctypes.data, count, cols, self.wide)
+                                    self.zero, count, cols, self.wide)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.q, self.scale, self.offset, self.zero) if a is not None)
+        return sum(a.nbytes for a in (self.q, self.scale, self.offset) if a is not None)
 
 
 def _tiled(per_block: np.ndarray, pad: int, tiles: int, blocks: int) -> np.ndarray:
@@ -204,7 +207,7 @@ class PackedEmbedding(torch.nn.Module):
         m, rows = self.matrix, ids.reshape(-1).numpy()
         tile, within = rows // TILE, rows % TILE
         q = m.q[tile, :, :, within, :].reshape(len(rows), -1, BLOCK).astype(np.float32)  # [n, blocks, 32]
-        values = (q - m.zero[rows].astype(np.float32)[:, None, None]) * m.scale[tile, :, within][:, :, None]
+        values = (q - np.float32(m.zero)) * m.scale[tile, :, within][:, :, None]
         if m.offset is not None:
             values += m.offset[tile, :, within][:, :, None]
         return torch.from_numpy(values.reshape(*ids.shape, m.cols))

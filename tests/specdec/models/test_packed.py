@@ -92,6 +92,16 @@ def test_every_kernel_this_cpu_runs_gives_the_portable_kernels_numbers(name):
     assert np.array_equal(one_by_one, portable)  # a token's row does not depend on its neighbours
 
 
+def test_fused_parts_of_different_zeros_share_one_zero_and_keep_their_values():
+    """The kernels take one zero per matrix: Q5_0 (16), Q4_K (0) and Q8_0 (128) rows stacked
+    are moved to 128 with their values exact."""
+    parts = [_packed(_raw(RNG.standard_normal((16, 256)).astype(np.float32), "Q5_0"), "Q5_0"), _matrices()["offsets"],
+             _packed(_raw(RNG.standard_normal((8, 256)).astype(np.float32), "Q8_0"), "Q8_0")]
+    fused = concat_rows(parts)
+    assert fused.zero == 128 and [p.zero for p in parts] == [16, 0, 128]
+    assert np.array_equal(fused.dequantized(), np.concatenate([p.dequantized() for p in parts]))
+
+
 def test_floats_are_packed_per_block_of_32_by_their_largest_magnitude():
     values = RNG.standard_normal((3, 64)).astype(np.float32)
     packed = from_floats(values)
