@@ -34,7 +34,8 @@ def main(argv=None) -> int:
     r.add_argument("--mode", choices=("single", "multi", "auto"), default="auto")
     r.add_argument("--max-tokens", type=int, default=64)
     r.add_argument("--target", type=Path)
-    r.add_argument("--draft", type=Path)
+    r.add_argument("--draft", type=Path, help="as `specdec serve --draft` takes it (default: the same choice; none: "
+                                              "no draft, where a pulled target's exported head would draft)")
     r.add_argument("--quantize", choices=QUANTIZATIONS, default="auto",
                    help="the target's weights as `specdec serve --quantize` takes them (default auto, as served: "
                         "a GGUF target packed in 8-bit blocks)")
@@ -68,6 +69,7 @@ def _run(args, argv) -> int:
 
     from prefixcache import Index
     from specdec import PLAIN, ContextSettings, Engine, default_model_dir
+    from specdec.engine import NO_DRAFT
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     contexts = tuple(c.strip() for c in args.context.split(",") if c.strip())
@@ -89,8 +91,9 @@ def _run(args, argv) -> int:
     if args.baselines:
         from specdec_eval.baselines import HFBaselines
 
+        draft = None if str(args.draft) == NO_DRAFT else args.draft
         baselines = HFBaselines(args.target or default_model_dir() / "target",
-                                args.draft or (default_model_dir() / "draft" if args.target is None else None))
+                                draft or (default_model_dir() / "draft" if args.target is None and not args.draft else None))
     drafts = {label: _same_costs(Engine.from_pretrained(args.target, path, index, adaptive=engine.adaptive,
                                                         warm_up=False, quantize=args.quantize), engine)
               for label, path in _drafts(args.drafts).items()}

@@ -126,6 +126,9 @@ def _models(args) -> int:
             mark = " (default)" if name == default else ""
             print(f"{name}{mark}\t{model.size / 2**20:.0f} MiB\t{model.license}\t"
                   f"{path or 'not pulled'}\t{model.description}")
+            head = model_cache.installed_head(path) if path else None
+            if head is not None:
+                print(f"  its EAGLE-3 head (drafts by default)\t{head}")
         return 0
     if args.verb == "pull":
         model_cache.pull(args.name, progress=sys.stderr)
@@ -149,6 +152,10 @@ def _default_target(args) -> None:
     if path is not None:
         args.target = path
         print(f"specdec: target {name} ({path})", file=sys.stderr)
+        head = model_cache.installed_head(path) if getattr(args, "draft", None) is None else None
+        if head is not None:
+            print(f"specdec: draft: the EAGLE-3 head exported for it ({head}), unless the repository has an "
+                  "adapted draft; --draft none decodes without a draft", file=sys.stderr)
     else:
         print(f"specdec: {name} is not pulled, so the embedded toy models serve; for a real code model run: "
               f"specdec models pull {name}", file=sys.stderr)
@@ -158,7 +165,11 @@ def add_model_arguments(parser) -> None:
     parser.add_argument("--target", type=Path,
                         help="a target model: an HF-layout directory or a .gguf file (default: the pulled "
                              "default model, see `specdec models list`, else the embedded one)")
-    parser.add_argument("--draft", type=Path, help="an HF-layout draft model directory, an EAGLE-3 head's, or a .gguf file of the target's family (packed as the target is)")
+    parser.add_argument("--draft", type=Path,
+                        help="an HF-layout draft model directory, an EAGLE-3 head's, or a .gguf file of the "
+                             "target's family (packed as the target is); none: no draft (default: the "
+                             "repository's adapted draft, else the head exported for a pulled target into "
+                             "$SPECDEC_HOME/head-NAME, else the embedded draft for the embedded target)")
     parser.add_argument("--fim-mode", choices=FIM_MODES,
                         help="the FIM order (default: the target's config.json, else its family's own)")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, default="auto",

@@ -24,6 +24,7 @@ from specdec.decode.policy import PolicyBook
 from specdec.decode.prefetch import PrefetchCounts, Prefetcher
 from specdec.decode.prompt_cache import PromptCache
 from specdec.decode.scheduler import Scheduler
+from specdec.models import model_cache
 from specdec.models.adapted import adapted_draft_for, check_fits
 from specdec.models.eagle import is_eagle3, load_eagle3
 from specdec.models.gguf_checkpoint import is_gguf
@@ -68,6 +69,17 @@ class EngineMetrics:
 # The longest prompt: a document's first request prefills all of it. On flask and starlette a real
 # 0.5B model completes as well from 1,024 tokens as from 1,536 (bench/results/context_quality_*).
 PROMPT_TOKENS = 1024
+
+
+# The draft argument that asks for no draft: neither an adapted one nor a pulled target's head.
+NO_DRAFT = "none"
+
+
+def _pulled_head(target) -> Path | None:
+    head = model_cache.installed_head(target) if target is not None else None
+    if head is not None:
+        log.info("drafting with the EAGLE-3 head exported for this target: %s", head)
+    return head
 
 
 def _decoding(name: str) -> property:
@@ -117,20 +129,26 @@ class Engine:
         """None: the embedded defaults (target and draft model; the EAGLE-3 head in
         default_models/head is the other choice, as draft=) and no index; index: an Index or its directory.
         With no draft given, a draft adapted to `repo` (or to the saved index) is used when it fits
-        the target (specdec.models.adapted); a draft given that was adapted against another target is refused.
+        the target (specdec.models.adapted), else the EAGLE-3 head exported for a pulled target
+        (model_cache.installed_head); a draft given that was adapted against another target is refused.
+        draft="none": no draft at all.
         target_model: the target already loaded from `target` (an expert-parallel shard).
         quantize "int8": the target's weights in int8 (specdec.models.quantize; CPU, fp32 models); "blocks"
         (and "auto" for a GGUF target): its weights packed in 8-bit blocks (specdec.models.packed)."""
         defaults = default_model_dir()
         target_dir = target or defaults / "target"
         index_dir = index if isinstance(index, (str, Path)) else None
-        draft = draft or adapted_draft_for(target_dir, repo=repo, index_dir=index_dir)
+        no_draft = draft is not None and str(draft) == NO_DRAFT
+        if no_draft:
+            draft = None
+        else:
+            draft = draft or adapted_draft_for(target_dir, repo=repo, index_dir=index_dir) or _pulled_head(target)
         if draft is not None:
             check_fits(draft, target_dir)
         target_model = target_model or load_model(target_dir, packed=loads_packed(target, quantize))
         if quantize != "none":
             quantize_target(target_model, quantize)
-        draft_path = draft or (defaults / "draft" if target is None else None)
+        draft_path = draft or (defaults / "draft" if target is None and not no_draft else None)
         if draft_path and is_eagle3(draft_path):  # recognised from its config
             kwargs["head"] = load_eagle3(draft_path, target_model, target_model.dtype)
             draft_path = None
@@ -259,9 +277,10 @@ class Engine:
 
         target = self.target
         weights = "packed 8-bit blocks" if target.packed else str(target.dtype).removeprefix("torch.")
+        drafter = "eagle3 head" if self.head is not None else "draft model" if self.draft is not None else None
         return {"weights": weights, "native_step": target.native_step is not None,
                 "threads": torch.get_num_threads(),
-                "packed_kernel": cpu_decode.qkernel() if target.packed else None}
+                "packed_kernel": cpu_decode.qkernel() if target.packed else None, "draft": drafter}
 
     def metrics(self) -> EngineMetrics:
         entries, nbytes = self.prompt_cache.nbytes()

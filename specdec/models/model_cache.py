@@ -90,6 +90,30 @@ def default_target() -> tuple[str, Path | None]:
     return name, (installed_path(name) if name else None)
 
 
+def installed_head(target) -> Path | None:
+    """The EAGLE-3 head exported for a pulled registered model, `$SPECDEC_HOME/head-NAME`, when
+    `target` is that model's cached file and the head's card names the file's SHA-256: a head
+    trained on another target's features would agree with nothing. None otherwise. Heads are
+    trained on this machine (`python -m specdec.training head`, then `export-head`), never pulled."""
+    try:
+        _, models = registry()
+        target = Path(target).resolve()
+    except (ModelCacheError, OSError):
+        return None
+    for name, model in models.items():
+        path = installed_path(name)
+        if path is None or path.resolve() != target:
+            continue
+        head = models_home() / f"head-{name}"
+        try:
+            card = json.loads((head / "card.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        fits = isinstance(card, dict) and card.get("target_fingerprint") == model.sha256
+        return head if fits and (head / "config.json").is_file() else None
+    return None
+
+
 def pull(name: str, progress=None) -> Path:
     """Download, assemble, verify and install `name`; returns its path. Idempotent."""
     model = registered(name)

@@ -214,3 +214,42 @@ def test_every_strategy_equals_ar_with_a_packed_head_on_a_packed_target(packed_t
         assert got == reference, strategy
     drafted = engine.complete(*texts[0], strategy="draft", max_tokens=12, mode="multi")
     assert drafted.stats.tree_nodes > drafted.stats.target_passes  # the packed head proposed tokens
+
+
+def test_a_pulled_targets_exported_head_drafts_by_default_and_only_for_its_own_file(
+        packed_target_and_head, tmp_path, monkeypatch):
+    """A head exported into the models cache as head-NAME drafts for the pulled model NAME when its
+    card names that file's SHA-256; a card for another file, or --draft none, leaves no draft."""
+    import hashlib
+    import shutil
+    import subprocess
+    import sys
+
+    from specdec import Engine
+    from specdec.models import model_cache
+
+    file, head_dir = packed_target_and_head
+    home = tmp_path / "cache"
+    home.mkdir()
+    pulled = shutil.copy(file, home / "tiny.gguf")
+    digest = hashlib.sha256(pulled.read_bytes()).hexdigest()
+    registry = {"default": "tiny", "models": {"tiny": {"file": "tiny.gguf", "description": "a tiny qwen2",
+                                                       "license": "MIT", "size": pulled.stat().st_size,
+                                                       "sha256": digest, "chunks": []}}}
+    (tmp_path / "models.json").write_text(json.dumps(registry))
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
+    monkeypatch.setenv("SPECDEC_MODELS_REGISTRY", str(tmp_path / "models.json"))
+    head = shutil.copytree(head_dir, home / "head-tiny")
+    assert model_cache.installed_head(pulled) is None  # no card: not known to fit
+    (head / "card.json").write_text(json.dumps({"target_fingerprint": "0" * 64}))
+    assert model_cache.installed_head(pulled) is None  # trained on another file
+    (head / "card.json").write_text(json.dumps({"target_fingerprint": digest}))
+    assert model_cache.installed_head(pulled) == head and model_cache.installed_head(file) is None
+
+    engine = Engine.from_pretrained(pulled, quantize="auto", warm_up=False)
+    assert engine.head is not None and engine.runtime()["draft"] == "eagle3 head"
+    plain = Engine.from_pretrained(pulled, "none", quantize="auto", warm_up=False)
+    assert plain.head is None and plain.draft is None and plain.runtime()["draft"] is None
+    listed = subprocess.run([sys.executable, "-m", "specdec.cli", "models", "list"], capture_output=True, text=True,
+                            timeout=120)
+    assert listed.returncode == 0 and f"its EAGLE-3 head (drafts by default)\t{head}" in listed.stdout
