@@ -69,7 +69,7 @@ def _run(args, argv) -> int:
 
     from prefixcache import Index
     from specdec import PLAIN, ContextSettings, Engine, default_model_dir
-    from specdec.engine import NO_DRAFT
+    from specdec.engine import asks_no_draft
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     contexts = tuple(c.strip() for c in args.context.split(",") if c.strip())
@@ -91,9 +91,11 @@ def _run(args, argv) -> int:
     if args.baselines:
         from specdec_eval.baselines import HFBaselines
 
-        draft = None if str(args.draft) == NO_DRAFT else args.draft
-        baselines = HFBaselines(args.target or default_model_dir() / "target",
-                                draft or (default_model_dir() / "draft" if args.target is None and not args.draft else None))
+        if args.draft is None:
+            draft = default_model_dir() / "draft" if args.target is None else None
+        else:
+            draft = None if asks_no_draft(args.draft) else args.draft
+        baselines = HFBaselines(args.target or default_model_dir() / "target", draft)
     drafts = {label: _same_costs(Engine.from_pretrained(args.target, path, index, adaptive=engine.adaptive,
                                                         warm_up=False, quantize=args.quantize), engine)
               for label, path in _drafts(args.drafts).items()}

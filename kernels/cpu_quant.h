@@ -13,10 +13,10 @@
  * 127, with the block's sum of xq kept. A block's contribution to y[r] is then
  *     dx * (scale * (sum q xq - zero * sum xq) + offset * sum xq),
  * the integer part exact. Its sum starts at -zero * sum xq, a number per token and block kept
- * with the quantized row (start), so that the inner loop pays no vector multiply for the zero. Every variant (portable C,
- * AVX2, AVX-512 VNNI) computes the same integers and the same float operations in the same
- * order, so they agree bit for bit, and a token's outputs do not depend on what else shares its
- * step. */
+ * with the quantized row (start), so that the inner loop pays no vector multiply for the zero.
+ * Every variant (portable C, AVX2, AVX-512 VNNI) computes the same integers and the same float
+ * operations in the same order, so they agree bit for bit, and a token's outputs do not depend
+ * on what else shares its step. */
 
 #include <stdint.h>
 
@@ -102,11 +102,33 @@ static void qtiles_portable(const QMat *m, int64_t T0, int64_t T1, const QAct *a
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define QTOKENS 4 /* tokens per pass over a tile: each weight register serves them all */
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+
+/* A token's integer sum over a block into its 16 rows' floats: the portable loop's float
+ * operations, in its order. `tb` indexes the token's per-block numbers (t * blocks + b); the
+ * block's scales and offsets come loaded, once for all the tokens. */
+VNNI __attribute__((always_inline))
+static inline __m512 vnni_add_block(const QMat *m, const QAct *a, int64_t tb, __m512 scale, __m512 offset,
+                                    __m512i dot, __m512 acc) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[tb])), acc);
+    if (m->offset) acc = _mm512_fmadd_ps(offset, _mm512_set1_ps(a->xs[tb]), acc);
+    return acc;
+}
+
+VNNI __attribute__((always_inline))
+static inline void vnni_store(const __m512 *acc, int nt, const QMat *m, int64_t T, int64_t t0, float *Y, int64_t ldy,
+                              const float *bias) {
+    for (int j = 0; j < nt; j++) {
+        float out[16];
+        _mm512_storeu_ps(out, acc[j]);
+        store_tile(out, T * 16, m->rows, bias, Y + (t0 + j) * ldy);
+    }
+}
 
 /* One tile for QTOKENS tokens. Each token's sum runs as two chains of four products (even and
  * odd groups), interleaved across the tokens: one chain of eight made each product wait on the
  * one before it. The sums are integers, exact in any order. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+VNNI
 static void qtile_avx512_vnni_full(const QMat *m, int64_t T, const QAct *a, int64_t t0, float *Y, int64_t ldy,
                                    const float *bias) {
     const int64_t nb = m->cols / 32;
@@ -126,25 +148,17 @@ static void qtile_avx512_vnni_full(const QMat *m, int64_t T, const QAct *a, int6
                 odd[j] = _mm512_dpbusd_epi32(odd[j], wg[g + 1], _mm512_set1_epi32(*(const int32_t *)(x + 4)));
             }
         const __m512 scale = _mm512_loadu_ps(m->scale + at * 16);
-        for (int j = 0; j < QTOKENS; j++) {
-            const int64_t t = t0 + j;
-            const __m512 dxs = _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[t * nb + b]));
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even[j], odd[j])), dxs, acc[j]);
-            if (m->offset)
-                acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(m->offset + at * 16), _mm512_set1_ps(a->xs[t * nb + b]), acc[j]);
-        }
+        const __m512 offset = m->offset ? _mm512_loadu_ps(m->offset + at * 16) : _mm512_setzero_ps();
+        for (int j = 0; j < QTOKENS; j++)
+            acc[j] = vnni_add_block(m, a, (t0 + j) * nb + b, scale, offset, _mm512_add_epi32(even[j], odd[j]), acc[j]);
     }
-    for (int j = 0; j < QTOKENS; j++) {
-        float out[16];
-        _mm512_storeu_ps(out, acc[j]);
-        store_tile(out, T * 16, m->rows, bias, Y + (t0 + j) * ldy);
-    }
+    vnni_store(acc, QTOKENS, m, T, t0, Y, ldy, bias);
 }
 
 /* One tile for fewer than QTOKENS tokens (a decode step's one, a short tree's few): one chain of
  * eight products per token, which measured faster than the split chains at one and two tokens,
  * where the weights' loads, not the products, bound the kernel. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+VNNI
 static void qtile_avx512_vnni_few(const QMat *m, int64_t T, const QAct *a, int64_t t0, int nt, float *Y,
                                   int64_t ldy, const float *bias) {
     const int64_t nb = m->cols / 32;
@@ -163,19 +177,13 @@ static void qtile_avx512_vnni_few(const QMat *m, int64_t T, const QAct *a, int64
             __m512i dot = _mm512_set1_epi32(a->start[t * nb + b]);
             for (int g = 0; g < 8; g++)
                 dot = _mm512_dpbusd_epi32(dot, wg[g], _mm512_set1_epi32(*(const int32_t *)(x + g * 4)));
-            const __m512 dxs = _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[t * nb + b]));
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dxs, acc[j]);
-            if (m->offset) acc[j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(a->xs[t * nb + b]), acc[j]);
+            acc[j] = vnni_add_block(m, a, t * nb + b, scale, offset, dot, acc[j]);
         }
     }
-    for (int j = 0; j < nt; j++) {
-        float out[16];
-        _mm512_storeu_ps(out, acc[j]);
-        store_tile(out, T * 16, m->rows, bias, Y + (t0 + j) * ldy);
-    }
+    vnni_store(acc, nt, m, T, t0, Y, ldy, bias);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+VNNI
 static void qtiles_avx512_vnni(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t n, float *Y,
                                int64_t ldy, const float *bias) {
     for (int64_t T = T0; T < T1; T++)

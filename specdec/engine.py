@@ -75,6 +75,10 @@ PROMPT_TOKENS = 1024
 NO_DRAFT = "none"
 
 
+def asks_no_draft(draft) -> bool:
+    return draft is not None and str(draft) == NO_DRAFT
+
+
 def _pulled_head(target) -> Path | None:
     head = model_cache.installed_head(target) if target is not None else None
     if head is not None:
@@ -138,7 +142,7 @@ class Engine:
         defaults = default_model_dir()
         target_dir = target or defaults / "target"
         index_dir = index if isinstance(index, (str, Path)) else None
-        no_draft = draft is not None and str(draft) == NO_DRAFT
+        no_draft = asks_no_draft(draft)
         if no_draft:
             draft = None
         else:
