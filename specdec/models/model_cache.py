@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REGISTRY = Path(__file__).resolve().parents[1] / "models.json"
+# Heads trained here for registered models, shipped in the package: no PyPI package carries one.
+SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "default_models"
 BLOCK = 1 << 22
 
 
@@ -91,10 +93,11 @@ def default_target() -> tuple[str, Path | None]:
 
 
 def installed_head(target) -> Path | None:
-    """The EAGLE-3 head exported for a pulled registered model, `$SPECDEC_HOME/head-NAME`, when
-    `target` is that model's cached file and the head's card names the file's SHA-256: a head
-    trained on another target's features would agree with nothing. None otherwise. Heads are
-    trained on this machine (`python -m specdec.training head`, then `export-head`), never pulled."""
+    """The EAGLE-3 head for a pulled registered model when `target` is that model's cached file:
+    `$SPECDEC_HOME/head-NAME` (one trained and exported on this machine) first, then the head
+    shipped with the package (`specdec/default_models/head-NAME`). A head counts only when its
+    card names the file's SHA-256: one trained on another target's features would agree with
+    nothing. None when no head fits."""
     try:
         _, models = registry()
         target = Path(target).resolve()
@@ -104,14 +107,17 @@ def installed_head(target) -> Path | None:
         path = installed_path(name)
         if path is None or path.resolve() != target:
             continue
-        head = models_home() / f"head-{name}"
-        try:
-            card = json.loads((head / "card.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        fits = isinstance(card, dict) and card.get("target_fingerprint") == model.sha256
-        return head if fits and (head / "config.json").is_file() else None
+        candidates = (models_home() / f"head-{name}", SHIPPED_HEADS / f"head-{name}")
+        return next((head for head in candidates if _head_fits(head, model.sha256)), None)
     return None
+
+
+def _head_fits(head: Path, sha256: str) -> bool:
+    try:
+        card = json.loads((head / "card.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(card, dict) and card.get("target_fingerprint") == sha256 and (head / "config.json").is_file()
 
 
 def pull(name: str, progress=None) -> Path:

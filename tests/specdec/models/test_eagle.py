@@ -140,33 +140,6 @@ def test_every_strategy_equals_ar_with_an_eagle3_head(tmp_path, tiny_models):
     assert drafted.stats.tree_nodes > drafted.stats.target_passes  # the head proposed tokens
 
 
-@pytest.fixture(scope="module")
-def packed_target_and_head(tmp_path_factory):
-    """A tiny Qwen2 GGUF (Q8_0, packed as it serves) and a random head of its shape, saved as published."""
-    from gguf import GGMLQuantizationType
-
-    from specdec.training.eagle3 import build_head, head_config, save_head
-    from specdec_kernels import cpu_decode
-    from tests.specdec.models.gguf_files import write_gguf
-    from tests.specdec.models.test_gguf import tiny_transformers_model
-
-    if cpu_decode.library() is None:
-        pytest.skip("no C compiler for the native step")
-    folder = tmp_path_factory.mktemp("packed_head")
-    model = tiny_transformers_model("qwen2")
-    model.save_pretrained(folder / "hf")
-    file = write_gguf(folder / "qwen2.gguf", model, GGMLQuantizationType.Q8_0)
-    floats = load_model(file)
-    raw = head_config(floats.config)
-    head = build_head(raw, floats, seed=3)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if p.requires_grad and "norm" not in name:
-                p.mul_(10)  # weights large enough that drafts differ from token to token
-    save_head(head, raw, folder / "head")
-    return file, folder / "head"
-
-
 def test_a_head_on_a_packed_target_drafts_on_packed_blocks_as_its_float_self(packed_target_and_head):
     file, head_dir = packed_target_and_head
     packed_target, float_target = load_model(file, packed=True), load_model(file)
@@ -253,3 +226,35 @@ def test_a_pulled_targets_exported_head_drafts_by_default_and_only_for_its_own_f
     listed = subprocess.run([sys.executable, "-m", "specdec.cli", "models", "list"], capture_output=True, text=True,
                             timeout=120)
     assert listed.returncode == 0 and f"its EAGLE-3 head (drafts by default)\t{head}" in listed.stdout
+
+
+def test_a_head_trained_on_this_machine_comes_before_the_one_shipped_in_the_package(
+        packed_target_and_head, tmp_path, monkeypatch):
+    """The package's head-NAME drafts for a fresh machine's pull; a head exported into the models
+    cache replaces it; a shipped head whose card names another file is passed over."""
+    import hashlib
+    import shutil
+
+    from specdec.models import model_cache
+
+    file, head_dir = packed_target_and_head
+    home, shipped = tmp_path / "cache", tmp_path / "package"
+    home.mkdir()
+    pulled = shutil.copy(file, home / "tiny.gguf")
+    digest = hashlib.sha256(pulled.read_bytes()).hexdigest()
+    registry = {"default": "tiny", "models": {"tiny": {"file": "tiny.gguf", "description": "a tiny qwen2",
+                                                       "license": "MIT", "size": pulled.stat().st_size,
+                                                       "sha256": digest, "chunks": []}}}
+    (tmp_path / "models.json").write_text(json.dumps(registry))
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
+    monkeypatch.setenv("SPECDEC_MODELS_REGISTRY", str(tmp_path / "models.json"))
+    monkeypatch.setattr(model_cache, "SHIPPED_HEADS", shipped)
+    packaged = shutil.copytree(head_dir, shipped / "head-tiny")
+    (packaged / "card.json").write_text(json.dumps({"target_fingerprint": "0" * 64}))
+    assert model_cache.installed_head(pulled) is None
+    (packaged / "card.json").write_text(json.dumps({"target_fingerprint": digest}))
+    assert model_cache.installed_head(pulled) == packaged
+    trained_here = shutil.copytree(packaged, home / "head-tiny")
+    assert model_cache.installed_head(pulled) == trained_here
+    (trained_here / "card.json").write_text(json.dumps({"target_fingerprint": "1" * 64}))
+    assert model_cache.installed_head(pulled) == packaged
