@@ -22,7 +22,7 @@ import torch
 
 from specdec import Segment, default_model_dir, load_model
 
-SAMPLE = Path(__file__).resolve().parents[1] / "specdec" / "scheduler.py"
+SAMPLE = Path(__file__).resolve().parents[1] / "specdec" / "decode" / "scheduler.py"
 
 
 @torch.inference_mode()

@@ -54,8 +54,10 @@ def main(argv=None) -> int:
     a.add_argument("--index", type=Path, help="a saved index directory to carry the draft (default: REPO/.specdec)")
     a.add_argument("--out", type=Path, help="where to write the adapted draft (default: INDEX/draft or REPO/.specdec/draft)")
     a.add_argument("--minutes", type=float, default=5.0, help="wall-clock bound of the run")
-    a.add_argument("--draft", type=Path, help="the draft to start from (default: the shipped one)")
-    a.add_argument("--target", type=Path, help="the teacher (default: the shipped target)")
+    a.add_argument("--draft", type=Path, help="the draft to start from (default: the pulled default model's "
+                   "EAGLE-3 head, or the embedded draft when no real model is pulled)")
+    a.add_argument("--target", type=Path, help="the teacher (default: the pulled default model, else the "
+                   "embedded target)")
     a.add_argument("--min-changed", type=int, default=0, metavar="N",
                    help="do nothing unless N files changed since the last adaptation (for scheduled refreshes)")
     a.add_argument("--seed", type=int, default=0)
@@ -84,7 +86,6 @@ def main(argv=None) -> int:
 def _adapt(args) -> int:
     import logging
 
-    from specdec.engine import default_model_dir
     from specdec.models.adapted import check_fits, read_card, repository_draft_dir, target_fingerprint
     from specdec.training.adapt import AdaptSettings, adapt, changed_since, repository_files
 
@@ -93,8 +94,7 @@ def _adapt(args) -> int:
     if args.minutes <= 0:
         raise ValueError(f"--minutes {args.minutes}: must be positive")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    target = args.target or default_model_dir() / "target"
-    draft = args.draft or default_model_dir() / "draft"
+    target, draft = _adapt_models(args)
     check_fits(draft, target)
     out = args.out or repository_draft_dir(args.repo, args.index)
     card = read_card(out) if out.exists() else None
@@ -107,6 +107,25 @@ def _adapt(args) -> int:
                                                               progress=sys.stderr.isatty()))
     print(json.dumps({k: v for k, v in card.items() if k not in ("file_hashes", "held_out_files")}, indent=2))
     return 0
+
+
+def _adapt_models(args) -> tuple[Path, Path]:
+    """(teacher, draft) of `specdec adapt`: those given, else what serves by default, so that the
+    adapted draft fits the target that will verify it: the pulled default model and its EAGLE-3
+    head, or the embedded target and draft when no real model is pulled."""
+    from specdec.engine import default_model_dir
+
+    if args.target is not None:
+        return args.target, args.draft or default_model_dir() / "draft"
+    name, pulled = model_cache.default_target()
+    if pulled is None:
+        return default_model_dir() / "target", args.draft or default_model_dir() / "draft"
+    head = args.draft or model_cache.installed_head(pulled)
+    if head is None:
+        raise ValueError(f"{name} is pulled and serves by default, but it has no EAGLE-3 head to adapt; "
+                         "give --draft HEAD_DIR, or --target for another model")
+    print(f"specdec: adapting {head} for {name} ({pulled})", file=sys.stderr)
+    return pulled, head
 
 
 def _add_models_parser(sub) -> None:

@@ -36,6 +36,7 @@ from specdec.training.eagle3 import (
     draft_vocabulary,
     head_config,
     head_loss_fn,
+    load_head_weights,
     save_head,
 )
 from specdec.training.packed import PackedBatches, write_packed
@@ -83,7 +84,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.tokens is not None and args.tokens < 1:
+        parser.error(f"--tokens must be at least 1 (got {args.tokens:g}); leave it out for the stage's default")
     args.runs.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         handlers=[logging.StreamHandler(sys.stderr), logging.FileHandler(args.runs / "train.log")])
@@ -282,19 +286,11 @@ def _initial_model(raw: dict, args, run_dir: Path):
 
 
 def _init_head(head, path: Path, teacher) -> None:
-    """A head's weights and draft vocabulary from `path` (the published layout, as export-head
-    writes it); the embedding stays the teacher's. Read from the files, not through load_eagle3:
-    for a packed teacher that packs the head's matrices, and their floats would not load back."""
-    from specdec.models.eagle import read_head_tensors
-
-    tensors = read_head_tensors(path)
-    tensors.pop("embed_tokens.weight", None)
-    own = head.state_dict()
-    wanted = [name for name in own if name != "embed_tokens.weight"]
-    wrong = [name for name in wanted if name not in tensors or tensors[name].shape != own[name].shape]
-    if not tensors or wrong:
-        raise SystemExit(f"--init-from {path}: not a head of this shape (missing or other shapes: {wrong[:4]})")
-    head.load_state_dict({name: tensors[name].to(own[name].dtype) for name in wanted}, strict=False)
+    """A head's weights and draft vocabulary from an exported head directory (see load_head_weights)."""
+    try:
+        load_head_weights(head, path)
+    except ValueError as e:
+        raise SystemExit(f"--init-from {e}") from None
     log.info("initialised the head from %s", path)
 
 

@@ -53,6 +53,7 @@ class AdaptSettings:
     lr: float = 2e-3  # chosen on held-out agreement at 5 minutes (docs/adapt.md)
     greedy_share: float = 0.1  # of the minutes, spent generating the target's own completions
     greedy_rows: int = 2  # of each batch, taken from those completions
+    feature_share: float = 0.4  # of the minutes, spent extracting the target's features (a head with a native target)
     seed: int = 0
     progress: bool = True
 
@@ -103,33 +104,54 @@ def adapt(repo: Path, out: Path, target_dir: Path, draft_dir: Path, s: AdaptSett
     `out` with its card; return the card."""
     files = repository_files(repo)
     adapt_files, held_out = split_files(files)
-    target = load_model(target_dir).train(False)
-    student = _Student.load(Path(draft_dir), target, s)
-    before = student.agreement(target, held_out)
+    student = _student(Path(draft_dir), Path(target_dir), s)
+    held = student.held_out(held_out)
+    before = student.agreement(held, Path(draft_dir))
     log.info("%s: %d files to adapt on, %d held out; %s agreement before %.3f", repo, len(adapt_files),
              len(held_out), student.kind, before)
     started = time.time()
-    greedy = _greedy_rows(target, adapt_files, s, deadline=started + s.greedy_share * s.minutes * 60)
+    greedy = _greedy_rows(student.target, adapt_files, s, deadline=started + s.greedy_share * s.minutes * 60)
     maker = SampleMaker(adapt_files, student.tokenizer, seed=s.seed)
-    trained = _distil(student, maker, greedy, s, deadline=started + s.minutes * 60)
+    batch_at = student.batches(maker, greedy["rows"], s.batch_size, s.greedy_rows, s.seed,
+                               deadline=started + (s.greedy_share + s.feature_share) * s.minutes * 60)
+    trained = _distil(student, batch_at, s, deadline=started + s.minutes * 60)
     minutes = (time.time() - started) / 60
     card = {"repository": repo.resolve().name, "kind": student.kind,
             "target_fingerprint": target_fingerprint(target_dir), "base_draft": model_label(draft_dir),
             "files": {"adapt": len(adapt_files), "held_out": len(held_out)},
             "held_out_files": sorted(f.path.split("/", 1)[1] for f in held_out),
             "tokens": trained["tokens"], "steps": trained["steps"], "greedy_tokens": greedy["tokens"],
+            "feature_tokens": getattr(student, "feature_tokens", 0),
             "minutes": round(minutes, 2), "interrupted": trained["interrupted"],
             "agreement_before": round(before, 4), "file_hashes": file_hashes(files)}
-    _write(student, card, out, target, held_out)
+    _write(student, card, out, held)
     return read_card(out)
 
 
-class _Student:
-    """What is adapted: a draft model (KL + the target's argmax on rows) or an EAGLE-3 head
-    (the recipe's two-step loss on the target's features); each measured and saved its own way."""
+def _student(draft_dir: Path, target_dir: Path, s: AdaptSettings):
+    """The student for this draft and target: an EAGLE-3 head on features read through the
+    target's native step (packed for a GGUF file) where it has one, else the target run eagerly
+    on every batch."""
+    from specdec.models.eagle import is_eagle3
+    from specdec.models.quantize import loads_packed
+    from specdec.training.adapt_head import HeadOnFeatures, reads_features
 
-    def __init__(self, kind: str, model, raw: dict, tokenizer, loss):
-        self.kind, self.model, self.raw, self.tokenizer, self.loss = kind, model, raw, tokenizer, loss
+    head = is_eagle3(draft_dir)
+    target = load_model(target_dir, packed=head and loads_packed(target_dir, "auto")).train(False)
+    if head and reads_features(target, s.seq_len):
+        raw = json.loads((draft_dir / "config.json").read_text())
+        return HeadOnFeatures.load(draft_dir, raw, target, s.seq_len)
+    return _Student.load(draft_dir, target, s)
+
+
+class _Student:
+    """What is adapted without the target's native step: a draft model (KL + the target's argmax
+    on rows) or an EAGLE-3 head (the recipe's two-step loss with the target run on each batch);
+    each measured and saved its own way."""
+
+    def __init__(self, kind: str, model, raw: dict, target, tokenizer, loss, seq_len: int):
+        self.kind, self.model, self.raw, self.target, self.tokenizer = kind, model, raw, target, tokenizer
+        self.loss, self.seq_len = loss, seq_len
 
     @classmethod
     def load(cls, draft_dir: Path, target, s: AdaptSettings) -> "_Student":
@@ -142,24 +164,37 @@ class _Student:
         if is_eagle3(draft_dir):
             head = load_eagle3(draft_dir, target)
             head.embed_tokens.weight.requires_grad_(False)  # the target's, as at inference
-            return cls("eagle3", head, raw, target.tokenizer, head_loss_fn(target))
+            return cls("eagle3", head, raw, target, target.tokenizer, head_loss_fn(target), s.seq_len)
         model = build_model(raw, 0)
         model.load_state_dict(load_model(draft_dir).state_dict(), strict=False)
         settings = TrainSettings(tokens=1, batch_size=s.batch_size, seq_len=s.seq_len, kd_weight=0.5,
                                  kd_hard_weight=0.2)
         tokenizer = Tokenizer.from_file(str(draft_dir / "tokenizer.json"))
-        return cls("draft", model, raw, tokenizer, lambda m, batch: batch_loss(m, batch, settings, target))
+        return cls("draft", model, raw, target, tokenizer, lambda m, batch: batch_loss(m, batch, settings, target),
+                   s.seq_len)
 
-    def agreement(self, target, files, directory: Path | None = None) -> float:
+    def held_out(self, files: list[SourceFile]) -> list[SourceFile]:
+        return files
+
+    def agreement(self, files: list[SourceFile], directory: Path) -> float:
         """Agreement with the target's argmax on `files` (first draft token for a head), of the
-        model as trained or, with `directory`, as written there."""
+        model written in `directory`."""
         from specdec.models.eagle import load_eagle3
         from specdec.training.evaluate import head_agreement
 
         if self.kind == "eagle3":
-            head = load_eagle3(directory, target) if directory else self.model
-            return head_agreement(target, head, files)["step0"]
-        return draft_agreement(target, load_model(directory) if directory else self.model, files)
+            return head_agreement(self.target, load_eagle3(directory, self.target), files)["step0"]
+        return draft_agreement(self.target, load_model(directory), files)
+
+    def batches(self, maker: SampleMaker, greedy_rows: list, batch_size: int, own_per_batch: int, seed: int,
+                deadline: float):
+        """step -> rows of token ids: the sampler's, and `own_per_batch` of the target's greedy rows."""
+        def batch_at(step: int) -> list[list[int]]:
+            own = min(own_per_batch, len(greedy_rows))
+            rows = maker.batch(step, batch_size - own, self.seq_len)
+            return rows + [greedy_rows[(step * own + i) % len(greedy_rows)] for i in range(own)]
+
+        return batch_at
 
     def save(self, out: Path) -> None:
         from specdec.training.__main__ import export_model
@@ -193,7 +228,7 @@ def _greedy_rows(target, files: list[SourceFile], s: AdaptSettings, deadline: fl
     return {"rows": rows, "tokens": tokens}
 
 
-def _distil(student: _Student, maker: SampleMaker, greedy: dict, s: AdaptSettings, deadline: float) -> dict:
+def _distil(student, batch_at, s: AdaptSettings, deadline: float) -> dict:
     from tqdm import tqdm
 
     model = student.model
@@ -208,7 +243,7 @@ def _distil(student: _Student, maker: SampleMaker, greedy: dict, s: AdaptSetting
         while time.time() < deadline:
             for group in optimizer.param_groups:
                 group["lr"] = s.lr * _schedule((time.time() - start) / budget)
-            loss = optimizer_step(model, optimizer, trained, student.loss, _batch(maker, greedy["rows"], step, s))
+            loss = optimizer_step(model, optimizer, trained, student.loss, batch_at(step))
             step += 1
             bar.set_postfix(loss=f"{loss.item():.3f}", step=step)
             bar.update(min(round(time.time() - start), bar.total) - bar.n)
@@ -229,18 +264,12 @@ def _schedule(progress: float) -> float:
     return max(0.1, 1 - (progress - 0.7) / 0.3 * 0.9)
 
 
-def _batch(maker: SampleMaker, greedy_rows: list, step: int, s: AdaptSettings) -> list[list[int]]:
-    own = min(s.greedy_rows, len(greedy_rows))
-    rows = maker.batch(step, s.batch_size - own, s.seq_len)
-    return rows + [greedy_rows[(step * own + i) % len(greedy_rows)] for i in range(own)]
-
-
-def _write(student: _Student, card: dict, out: Path, target, held_out) -> None:
+def _write(student, card: dict, out: Path, held) -> None:
     """Write beside `out`, measure what was written, then swap it into place."""
     staging = out.with_name(out.name + ".staging")
     shutil.rmtree(staging, ignore_errors=True)
     student.save(staging)
-    card["agreement_after"] = round(student.agreement(target, held_out, staging), 4)
+    card["agreement_after"] = round(student.agreement(held, staging), 4)
     (staging / CARD).write_text(json.dumps(card, indent=2) + "\n")
     previous = out.with_name(out.name + ".previous")
     shutil.rmtree(previous, ignore_errors=True)
@@ -249,4 +278,4 @@ def _write(student: _Student, card: dict, out: Path, target, held_out) -> None:
     staging.rename(out)
     shutil.rmtree(previous, ignore_errors=True)
     log.info("adapted %s written to %s: agreement %.3f -> %.3f on %d held-out files", student.kind, out,
-             card["agreement_before"], card["agreement_after"], len(held_out))
+             card["agreement_before"], card["agreement_after"], card["files"]["held_out"])

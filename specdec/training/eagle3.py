@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch.utils.checkpoint import checkpoint
 
-from specdec.models.eagle import ARCHITECTURE, Eagle3Config, Eagle3Head, target_weight
+from specdec.models.eagle import ARCHITECTURE, Eagle3Config, Eagle3Head, read_head_tensors, target_weight
 from specdec.models.ops import apply_rope, rope_cos_sin
 from specdec.training.recipe import train_forward
 
@@ -213,6 +213,21 @@ def save_head(head: Eagle3Head, raw: dict, out: Path) -> None:
     tensors["t2d"] = t2d
     save_file(tensors, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps({**raw, "torch_dtype": "bfloat16"}, indent=2) + "\n")
+
+
+def load_head_weights(head: Eagle3Head, path: Path) -> None:
+    """A head's weights and draft vocabulary from `path` (the published layout, as save_head
+    writes it); the embedding stays the target's. Read from the files, not through load_eagle3:
+    for a packed target that packs the head's matrices, and their floats would not train.
+    ValueError when the files are not a head of this one's shape."""
+    tensors = read_head_tensors(path)
+    tensors.pop("embed_tokens.weight", None)
+    own = head.state_dict()
+    wanted = [name for name in own if name != "embed_tokens.weight"]
+    wrong = [name for name in wanted if name not in tensors or tensors[name].shape != own[name].shape]
+    if not tensors or wrong:
+        raise ValueError(f"{path}: not a head of this shape (missing or other shapes: {wrong[:4]})")
+    head.load_state_dict({name: tensors[name].to(own[name].dtype) for name in wanted}, strict=False)
 
 
 def head_loss_fn(target, device: str = "cpu", stored: TeacherLogits | None = None):

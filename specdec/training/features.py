@@ -120,15 +120,12 @@ class FeatureStore:
         """batch_size stored rows drawn by (seed, step): the same batch for the same step."""
         if self.rows == 0:
             raise FeatureStoreError(f"{self.root}: the store holds no rows yet")
-        rng = random.Random(seed * 1_000_003 + step)
-        return self.batch_of([rng.randrange(self.rows) for _ in range(batch_size)])
+        return self.batch_of(drawn_rows(self.rows, step, batch_size, seed))
 
     def batch_of(self, picked: list[int]) -> FeatureBatch:
         """The stored rows `picked`, as one batch."""
-        features = torch.stack([self._row("features", i) for i in picked]).float()
-        hidden = self.settings.hidden
-        return FeatureBatch(torch.stack([self._row("ids", i) for i in picked]).long(), features[..., : 3 * hidden],
-                            features[..., 3 * hidden :])
+        return feature_batch([self._row("ids", i) for i in picked], [self._row("features", i) for i in picked],
+                             self.settings.hidden)
 
     def _row(self, key: str, index: int) -> torch.Tensor:
         shard, within = divmod(index, ROWS_PER_SHARD)
@@ -136,6 +133,43 @@ class FeatureStore:
         if handle is None:
             handle = self._open[shard] = safe_open(str(self.root / self.shards[shard]), framework="pt")
         return handle.get_slice(key)[within]
+
+
+class FeatureRows:
+    """Feature rows kept in memory, for a run too short to be worth a store on disk (`specdec
+    adapt`): the store's batch interface over rows appended as they are extracted."""
+
+    def __init__(self, hidden: int):
+        self.hidden, self.ids, self.features = hidden, [], []
+
+    @property
+    def rows(self) -> int:
+        return len(self.ids)
+
+    def append(self, row: tuple) -> None:
+        """One row (ids, features [T, 4H]) as target_row gives it."""
+        self.ids.append(torch.as_tensor(row[0], dtype=torch.int32))
+        self.features.append(row[1].to(torch.bfloat16))
+
+    def batch(self, step: int, batch_size: int, seed: int = 0) -> FeatureBatch:
+        if not self.ids:
+            raise FeatureStoreError("no feature rows were extracted")
+        return self.batch_of(drawn_rows(self.rows, step, batch_size, seed))
+
+    def batch_of(self, picked: list[int]) -> FeatureBatch:
+        return feature_batch([self.ids[i] for i in picked], [self.features[i] for i in picked], self.hidden)
+
+
+def drawn_rows(rows: int, step: int, batch_size: int, seed: int) -> list[int]:
+    """The rows of a batch, drawn by (seed, step): the same batch for the same step."""
+    rng = random.Random(seed * 1_000_003 + step)
+    return [rng.randrange(rows) for _ in range(batch_size)]
+
+
+def feature_batch(ids: list[torch.Tensor], features: list[torch.Tensor], hidden: int) -> FeatureBatch:
+    """Rows of equal length as one batch: the captured layers' inputs apart from the last layer's output."""
+    stacked = torch.stack(features).float()
+    return FeatureBatch(torch.stack(ids).long(), stacked[..., : 3 * hidden], stacked[..., 3 * hidden :])
 
 
 @torch.inference_mode()

@@ -65,6 +65,14 @@ class SampleMaker:
             total += min(len(f.text), 4 * mix.window_chars)  # a huge file is not worth 50 small ones
             self.cumulative.append(total)
         self.special = {t: tokenizer.token_to_id(t) for t in (EOT, FILE_SEP, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX)}
+        # A tokenizer of another family (no Qwen FIM tokens) gets plain rows, and its missing
+        # separators are left out rather than written as ids it does not have.
+        self.fim = all(self.special[t] is not None for t in (FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX))
+
+    def mark(self, token: str) -> list[int]:
+        """The special token's id as a one-id list, or [] when the tokenizer has no such token."""
+        found = self.special[token]
+        return [] if found is None else [found]
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids if text else []
@@ -78,22 +86,22 @@ class SampleMaker:
             return self._recall(rng, file) if draw >= 1 - m.recall else self._random_repeat(rng)
         revised = draw < m.revision  # the revision and the window share the row: half as long each
         window = _window(rng, file.text, m.window_chars // (2 if revised else 1))
-        kind = rng.random()
+        kind = rng.random() if self.fim else 0.0
         prefix, middle, suffix = ("", window, "") if kind < m.plain else _split(rng, window)
         ids = []
         if revised:
-            ids = [sp[FILE_SEP]] + self.encode(f"{file.path}\n{_revised(rng, file.text, window)}\n")
+            ids = self.mark(FILE_SEP) + self.encode(f"{file.path}\n{_revised(rng, file.text, window)}\n")
         elif draw < m.revision + m.context:
             ids = self._context(rng, file, window, prefix, middle, suffix)
         if kind < m.plain:
-            return ids + [sp[FILE_SEP]] + self.encode(f"{file.path}\n{window}") + [sp[EOT]]
+            return ids + self.mark(FILE_SEP) + self.encode(f"{file.path}\n{window}") + self.mark(EOT)
         if kind < m.plain + m.psm:
             ids += [sp[FIM_PREFIX]] + self.encode(prefix) + [sp[FIM_SUFFIX]]
             ids += self.encode(suffix) + [sp[FIM_MIDDLE]] + self.encode(middle)
         else:
             ids += [sp[FIM_PREFIX], sp[FIM_SUFFIX]] + self.encode(suffix)
             ids += [sp[FIM_MIDDLE]] + self.encode(prefix + middle)
-        return ids + [sp[EOT]]
+        return ids + self.mark(EOT)
 
     def _context(self, rng, file, window: str, prefix: str, middle: str, suffix: str) -> list[int]:
         """Retrieved chunks of sibling files (and maybe the middle's own lines), best last."""
@@ -116,7 +124,7 @@ class SampleMaker:
             if len(text) < 80 and rank > 0:
                 break
             budget -= len(text)
-            ids = [self.special[FILE_SEP]] + self.encode(f"{path}\n{text}\n") + ids
+            ids = self.mark(FILE_SEP) + self.encode(f"{path}\n{text}\n") + ids
         return ids
 
     def _recall(self, rng, file) -> list[int]:
@@ -135,13 +143,13 @@ class SampleMaker:
         again += [line() for _ in range(rng.randrange(0, 1 + len(again) // 3))]
         rng.shuffle(again)
         text = "\n".join(seen) + "\n" + "\n".join(again) + "\n"
-        return [self.special[FILE_SEP]] + self.encode(f"{file.path}\n{text}") + [self.special[EOT]]
+        return self.mark(FILE_SEP) + self.encode(f"{file.path}\n{text}") + self.mark(EOT)
 
     def _random_repeat(self, rng) -> list[int]:
         special = set(self.special.values())
         run = [t for t in (rng.randrange(self.tokenizer.get_vocab_size()) for _ in range(rng.randrange(8, 64)))
                if t not in special]
-        return run * rng.randrange(2, 5) + [self.special[EOT]]
+        return run * rng.randrange(2, 5) + self.mark(EOT)
 
     def batch(self, step: int, batch_size: int, seq_len: int) -> list[list[int]]:
         """[batch_size, seq_len + 1] rows of packed samples, the same for the same (seed, step)."""

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from specdec import Engine
 from specdec.cli import main as cli_main
@@ -120,3 +121,53 @@ def test_an_eagle3_head_adapts_too(repo, tiny_models, tmp_path):
     prefix = (repo / "prefixcache" / "files.py").read_text()[:700]
     ar = engine.complete(prefix, "", strategy="ar", max_tokens=16)
     assert engine.complete(prefix, "", strategy="hybrid", max_tokens=16).tokens == ar.tokens
+    assert card["feature_tokens"] > 0  # the tiny target has a native step: the head learned on its features
+
+
+def test_a_head_adapts_on_a_packed_targets_features_without_a_float_target(repo, packed_target_and_head, tmp_path):
+    """A GGUF target stays in 8-bit blocks: its features come through the native step's capture
+    slot, and the head written is the one agreement was measured on, lossless in the engine."""
+    from specdec.models.eagle import read_head_tensors
+
+    file, head_dir = packed_target_and_head
+    out = tmp_path / "adapted_head"
+    card = adapt(repo, out, file, head_dir, AdaptSettings(minutes=0.1, seq_len=64, batch_size=4, progress=False))
+    assert card["kind"] == "eagle3" and card["steps"] > 0 and card["feature_tokens"] >= 64
+    assert card["target_fingerprint"] == target_fingerprint(file)
+    assert 0 <= card["agreement_before"] <= 1 and 0 <= card["agreement_after"] <= 1
+    before, after = read_head_tensors(head_dir), read_head_tensors(out)
+    assert before.keys() == after.keys() and torch.equal(before["d2t"], after["d2t"])
+    assert not torch.equal(before["fc.weight"], after["fc.weight"])  # trained
+    engine = Engine.from_pretrained(file, out, quantize="auto", adaptive=False)
+    assert engine.target.packed and engine.head.packed
+    prefix = (repo / "prefixcache" / "files.py").read_text()[:400]
+    ar = engine.complete(prefix, "", strategy="ar", max_tokens=12, mode="multi")
+    assert engine.complete(prefix, "", strategy="hybrid", max_tokens=12, mode="multi").tokens == ar.tokens
+
+
+def test_adapt_without_models_given_adapts_the_head_of_the_pulled_default(repo, packed_target_and_head, tmp_path,
+                                                                          monkeypatch, capsys):
+    """With a real model pulled, `specdec adapt REPO` teaches the head that drafts for it, so
+    that the adapted draft fits the target that serves; with no head to adapt it says so."""
+    import hashlib
+
+    file, head_dir = packed_target_and_head
+    home = tmp_path / "cache"
+    home.mkdir()
+    pulled = shutil.copy(file, home / "tiny.gguf")
+    digest = hashlib.sha256(pulled.read_bytes()).hexdigest()
+    registry = {"default": "tiny", "models": {"tiny": {"file": "tiny.gguf", "description": "a tiny qwen2",
+                                                       "license": "MIT", "size": pulled.stat().st_size,
+                                                       "sha256": digest, "chunks": []}}}
+    (tmp_path / "models.json").write_text(json.dumps(registry))
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
+    monkeypatch.setenv("SPECDEC_MODELS_REGISTRY", str(tmp_path / "models.json"))
+    out = tmp_path / "adapted"
+    assert cli_main(["adapt", str(repo), "--out", str(out), "--minutes", "0.05"]) == 2
+    assert "no EAGLE-3 head to adapt" in capsys.readouterr().err and not out.exists()
+
+    head = shutil.copytree(head_dir, home / "head-tiny")
+    (head / "card.json").write_text(json.dumps({"target_fingerprint": digest}))
+    assert cli_main(["adapt", str(repo), "--out", str(out), "--minutes", "0.05"]) == 0
+    card = json.loads((out / CARD).read_text())
+    assert card["kind"] == "eagle3" and card["target_fingerprint"] == digest and card["feature_tokens"] > 0

@@ -184,7 +184,7 @@ def test_the_cli_trains_measures_and_exports_a_head_on_stored_features(gguf_file
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "model.safetensors").write_bytes((tmp_path / "head" / "model.safetensors").read_bytes())
     with pytest.raises(SystemExit, match="not a head of this shape"):
-        main(["head", *more[:-1], "32", "--name", "head-q3", "--init-from", str(tmp_path / "other"), "--tokens", "0"])
+        main(["head", *more[:-1], "32", "--name", "head-q3", "--init-from", str(tmp_path / "other"), "--tokens", "1"])
 
 
 def test_a_gguf_draft_of_the_same_family_is_packed_as_the_target_and_drafts_losslessly(gguf_file, tmp_path):

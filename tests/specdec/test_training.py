@@ -244,3 +244,35 @@ def test_the_fair_copier_sees_only_the_models_window():
     assert _naive_copy_in_window(far + "x = 1\n" + "    valu") == "e = compute(far)"
     beyond = (far + "x = 1\n" * PREFIX_CHARS + "    valu")[-PREFIX_CHARS:]
     assert _naive_copy_in_window(beyond) is None
+
+
+def test_a_token_budget_below_one_is_refused_with_a_message(tmp_path, capsys):
+    from specdec.training.__main__ import main
+
+    for budget in ("0", "-5"):
+        with pytest.raises(SystemExit) as stopped:
+            main(["head", "--tokens", budget, "--runs", str(tmp_path / "runs")])
+        assert stopped.value.code == 2
+        assert "--tokens must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "runs" / "head").exists()
+
+
+def test_a_tokenizer_without_the_fim_tokens_gets_plain_rows_without_missing_ids(tokenizer):
+    """Another family's tokenizer (no Qwen FIM or file separator tokens): rows of plain code
+    whose every id is the tokenizer's own."""
+    class OtherFamily:
+        missing = {FIM_MIDDLE, FILE_SEP, "<|fim_prefix|>", "<|fim_suffix|>"}
+
+        def token_to_id(self, token):
+            return None if token in self.missing else tokenizer.token_to_id(token)
+
+        def encode(self, text):
+            return tokenizer.encode(text)
+
+    files = [SourceFile(f"pkg/mod{i}.py", (STDLIB / "json" / "decoder.py").read_text()) for i in range(4)]
+    other = SampleMaker(files, OtherFamily(), seed=3)
+    fim = {tokenizer.token_to_id(t) for t in OtherFamily.missing}
+    rows = other.batch(0, 6, 128)
+    assert all(isinstance(i, int) for row in rows for i in row)
+    assert not fim & {i for row in rows for i in row}
+    assert not other.fim and SampleMaker(files, tokenizer, seed=3).fim
