@@ -42,7 +42,15 @@ from specdec.training.eagle3 import (
 from specdec.training.packed import PackedBatches, write_packed
 from specdec.training.recipe import DEFAULT_SHAPE, TARGET_SHAPES, active_params, draft_config, target_config
 from specdec.training.tokenizer import SPECIAL_TOKENS
-from specdec.training.train import TrainSettings, build_model, checkpoint_state, has_checkpoint, run_model, train
+from specdec.training.train import (
+    TrainSettings,
+    build_model,
+    checkpoint_state,
+    cpu_has_bf16,
+    has_checkpoint,
+    run_model,
+    train,
+)
 
 log = logging.getLogger("specdec.training")
 MODELS = Path(__file__).resolve().parents[1] / "default_models"
@@ -78,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
                              "stage) instead of running the teacher on every batch")
     parser.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB, help="head: tokens of its vocabulary")
     parser.add_argument("--rows", type=int, default=16, help="agreement: feature rows measured on")
+    parser.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
+                        help="head --features: its products in bfloat16 under autocast, weights and optimizer "
+                             "in float32 (auto: where the CPU has AVX512-BF16)")
     parser.add_argument("--held-out", action="store_true",
                         help="features: rows of the held-out packages (what agreement measures a head on)")
     return parser
@@ -186,11 +197,13 @@ def _train_head_on_features(args) -> int:
         draft_vocabulary(model, (store.row_ids(i).tolist() for i in range(store.rows)))
     settings = TrainSettings(tokens=int(args.tokens or 4e6), batch_size=args.batch_size,
                              seq_len=store.settings.seq_len, lr=args.lr, seed=args.seed + 1,
-                             max_minutes=args.max_minutes, device="cpu")
+                             max_minutes=args.max_minutes, device="cpu",
+                             bf16=args.bf16 == "on" or (args.bf16 == "auto" and cpu_has_bf16()))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-    log.info("head %s on %s (%d rows): %.2fM trained parameters, %d steps", run_dir, store.root, store.rows,
-             sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, settings.total_steps)
+    log.info("head %s on %s (%d rows): %.2fM trained parameters, %d steps%s", run_dir, store.root, store.rows,
+             sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, settings.total_steps,
+             ", products in bfloat16" if settings.bf16 else "")
     done = train(model, lambda step: store.batch(step, settings.batch_size, settings.seed), settings, run_dir,
                  loss_fn=head_loss_fn(None, stored=TeacherLogits(teacher, model)))
     log.info("%s: %s", run_dir, "finished" if done else "stopped; rerun the same command to resume")

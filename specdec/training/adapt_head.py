@@ -26,6 +26,7 @@ from specdec.training.eagle3 import (
 )
 from specdec.training.evaluate import by_hash
 from specdec.training.features import FeatureBatch, FeatureRows, target_row
+from specdec.training.train import cpu_has_bf16, in_bf16
 
 log = logging.getLogger("specdec.adapt")
 
@@ -50,6 +51,8 @@ class HeadOnFeatures:
         self.model, self.raw, self.tokenizer, self.target = head, raw, target.tokenizer, target
         self.capture = tuple(head.config.capture_layers(target.config.num_layers))
         self.loss = head_loss_fn(None, stored=TeacherLogits(target, head))
+        if cpu_has_bf16():  # as the recipe's head training: more steps in the same minutes
+            self.loss = in_bf16(self.loss)
         self.seq_len, self.feature_tokens = seq_len, 0
 
     @classmethod

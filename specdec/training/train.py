@@ -40,6 +40,7 @@ class TrainSettings:
     max_minutes: float | None = None  # stop (with a checkpoint) after this long; rerun to resume
     max_steps: int | None = None  # stop (with a checkpoint) after this many steps of this session
     device: str = "cpu"
+    bf16: bool = False  # on a CPU: the loss's products in bfloat16 (autocast); weights and optimizer stay float32
 
     @property
     def total_steps(self) -> int:
@@ -88,6 +89,26 @@ def _autocast(device: str):
     return torch.autocast("cpu", enabled=False)
 
 
+def in_bf16(loss_fn):
+    """loss_fn with its forward under CPU autocast to bfloat16; the backward follows the
+    forward's dtypes, and the gradients land on the float32 weights."""
+    def loss(model, batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return loss_fn(model, batch)
+
+    return loss
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16): elsewhere autocast to
+    bfloat16 is emulated and slower than float32."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            return any(line.startswith("flags") and " avx512_bf16" in line for line in info)
+    except OSError:
+        return False
+
+
 def train(model, batch_at: Callable[[int], list], s: TrainSettings, run_dir: Path, teacher=None,
           loss_fn=None) -> bool:
     """Train until the token budget is spent (True) or max_minutes pass (False, resumable).
@@ -100,6 +121,8 @@ def train(model, batch_at: Callable[[int], list], s: TrainSettings, run_dir: Pat
     loss_fn = loss_fn or (lambda m, batch: batch_loss(m, batch, s, teacher))
     if s.device.startswith("cuda"):
         loss_fn = torch.compile(loss_fn)
+    elif s.bf16:
+        loss_fn = in_bf16(loss_fn)
     model.train()
     last_save, session_start, first_step = time.time(), time.time(), step
     tokens_per_step = s.batch_size * s.seq_len

@@ -94,7 +94,9 @@ def test_the_store_resumes_whole_shards_and_refuses_other_settings(target, tmp_p
         FeatureStore.open(tmp_path / "elsewhere")
 
 
-def test_a_head_trains_on_stored_features_as_on_the_live_target(target, tmp_path):
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_head_trains_on_stored_features_as_on_the_live_target(target, tmp_path, bf16):
+    """Also with its products in bfloat16 (autocast): the weights stay float32 and it learns as well."""
     store = FeatureStore.open(tmp_path / "store", _settings(target))
     extract(target, _rows(16).__getitem__, store, 16)
     raw = head_config(target.config, draft_vocab=target.config.vocab_size)  # every token: the live loss's terms
@@ -106,10 +108,11 @@ def test_a_head_trains_on_stored_features_as_on_the_live_target(target, tmp_path
     live, (live0, _) = head_loss(head, target, batch.ids)
     assert abs(stored.item() - live.item()) <= 0.02 * live.item()
     assert abs(float(agree0) - float(live0)) <= 0.1
-    settings = TrainSettings(tokens=30 * 2 * LENGTH, batch_size=2, seq_len=LENGTH, lr=3e-3, warmup_steps=2)
+    settings = TrainSettings(tokens=30 * 2 * LENGTH, batch_size=2, seq_len=LENGTH, lr=3e-3, warmup_steps=2, bf16=bf16)
     assert train(head, lambda step: store.batch(step % 4, 2), settings, tmp_path / "head",
                  loss_fn=head_loss_fn(None, stored=teacher))
     assert stored_head_loss(head, teacher, batch)[0].item() < 0.8 * stored.item()
+    assert all(p.dtype == torch.float32 for p in head.parameters())
 
 
 def test_agreement_on_a_store_is_the_live_agreement_against_the_whole_vocabulary(target, tmp_path):
