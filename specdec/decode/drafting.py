@@ -44,12 +44,13 @@ def trie_paths(index, text_before_cursor: str, path, encode, healed: str, stats,
 
 
 def history_paths(history, document, text_before_cursor: str, encode, healed: str, stats,
-                  max_tokens: int = 64, lengths=None) -> list[DraftPath]:
+                  max_tokens: int = 64, lengths=None, after: str = "") -> list[DraftPath]:
     """Continuations of the document's recent completions (source "suggestion") and of the text
-    itself ("history") after the tail of the text before the cursor; tokenized with the healed
-    text, as trie candidates are. Both count as history tokens; their acceptance is learned apart."""
+    itself, before and `after` the cursor ("history"), after the tail of the text before the
+    cursor; tokenized with the healed text, as trie candidates are. Both count as history
+    tokens; their acceptance is learned apart."""
     paths = []
-    found = history.continuations(document, text_before_cursor, lengths=lengths)
+    found = history.continuations(document, text_before_cursor, lengths=lengths, after=after)
     for rank, (continuation, from_suggestion) in enumerate(found):
         tokens = encode(healed + continuation)[:max_tokens]
         source = "suggestion" if from_suggestion else "history"

@@ -71,21 +71,27 @@ class SuggestionHistory:
         with self._lock:
             self._texts.pop(document, None)
 
-    def continuations(self, document: str | None, text: str, k: int = 3, max_chars: int = 320, lengths=None) -> list:
+    def continuations(self, document: str | None, text: str, k: int = 3, max_chars: int = 320, lengths=None,
+                      after: str = "") -> list:
         """Up to k distinct (continuation, from_suggestion) that followed the tail of `text`
         before, best first: the longest matching tail, then the most recent history, then the
-        text itself (from_suggestion False: code repeating within the file, which the target
-        follows far less often than the rest of a suggestion it made itself)."""
+        text itself, then `after`, the text after the cursor (from_suggestion False: code
+        repeating within the file, which the target follows far less often than the rest of a
+        suggestion it made itself). The text after the cursor is where a file's next similar
+        line often already stands (the next branch, the next field): it catches points that
+        neither the text before the cursor nor the repository's trie does."""
         with self._lock:
             stored = list(reversed(self._texts.get(document, ())))
         own = text[-SELF_SEARCH_CHARS:-1]
+        after = after[:SELF_SEARCH_CHARS]
         lengths = lengths or MATCH_LENGTHS
         # Most steps find nothing: a longer tail ends with the shortest one, so where the
         # shortest occurs nowhere, no longer tail does either (one search of the text, not one a length).
         probe = text[-min(lengths) :]
-        if len(probe) == min(lengths) and own.rfind(probe) < 0 and all(s.find_along(probe) < 0 for s in stored):
+        if (len(probe) == min(lengths) and own.rfind(probe) < 0 and after.find(probe) < 0
+                and all(s.find_along(probe) < 0 for s in stored)):
             return []
-        sources = [(s.text, s.find_along, True) for s in stored] + [(own, own.rfind, False)]
+        sources = [(s.text, s.find_along, True) for s in stored] + [(own, own.rfind, False), (after, after.find, False)]
         found, seen = [], set()
         for length in lengths:
             if len(text) < length:

@@ -84,11 +84,11 @@ def _long_repeats(g: Generation, ctx: DecodeContext) -> list[DraftPath]:
 def _history_paths(g: Generation, ctx: DecodeContext, acceptance, lengths=None,
                    search_chars: int = SELF_SEARCH_CHARS) -> list[DraftPath]:
     """The suggestion history's paths after the text so far (tail lengths: MATCH_LENGTHS),
-    the text itself searched `search_chars` back."""
+    the text itself searched `search_chars` back and the text after the cursor as far forward."""
     # Only what the search reads: a prefix is often the whole file, copied at every step.
     searched = g.options.prefix[-search_chars - 1 :] + g.text
     return history_paths(ctx.history, g.options.document, searched, ctx.prompts.encode, g.healing_left, acceptance,
-                         lengths=lengths)
+                         lengths=lengths, after=g.options.suffix[:search_chars])
 
 
 def _paths(g: Generation, ctx: DecodeContext, acceptance, draft: bool = True) -> list[DraftPath]:
