@@ -121,7 +121,7 @@ def adapt(repo: Path, out: Path, target_dir: Path, draft_dir: Path, s: AdaptSett
             "files": {"adapt": len(adapt_files), "held_out": len(held_out)},
             "held_out_files": sorted(f.path.split("/", 1)[1] for f in held_out),
             "tokens": trained["tokens"], "steps": trained["steps"], "greedy_tokens": greedy["tokens"],
-            "feature_tokens": getattr(student, "feature_tokens", 0),
+            "feature_tokens": student.feature_tokens,
             "minutes": round(minutes, 2), "interrupted": trained["interrupted"],
             "agreement_before": round(before, 4), "file_hashes": file_hashes(files)}
     _write(student, card, out, held)
@@ -139,8 +139,7 @@ def _student(draft_dir: Path, target_dir: Path, s: AdaptSettings):
     head = is_eagle3(draft_dir)
     target = load_model(target_dir, packed=head and loads_packed(target_dir, "auto")).train(False)
     if head and reads_features(target, s.seq_len):
-        raw = json.loads((draft_dir / "config.json").read_text())
-        return HeadOnFeatures.load(draft_dir, raw, target, s.seq_len)
+        return HeadOnFeatures.load(draft_dir, target, s.seq_len)
     return _Student.load(draft_dir, target, s)
 
 
@@ -148,6 +147,8 @@ class _Student:
     """What is adapted without the target's native step: a draft model (KL + the target's argmax
     on rows) or an EAGLE-3 head (the recipe's two-step loss with the target run on each batch);
     each measured and saved its own way."""
+
+    feature_tokens = 0  # the target runs on every batch: no features are extracted
 
     def __init__(self, kind: str, model, raw: dict, target, tokenizer, loss, seq_len: int):
         self.kind, self.model, self.raw, self.target, self.tokenizer = kind, model, raw, target, tokenizer

@@ -9,6 +9,7 @@ training does from its store. Agreement is measured on held-out rows extracted t
 the head as written to disk and loaded as the engine loads it.
 """
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -56,7 +57,8 @@ class HeadOnFeatures:
         self.seq_len, self.feature_tokens = seq_len, 0
 
     @classmethod
-    def load(cls, draft_dir: Path, raw: dict, target, seq_len: int) -> "HeadOnFeatures":
+    def load(cls, draft_dir: Path, target, seq_len: int) -> "HeadOnFeatures":
+        raw = json.loads((draft_dir / "config.json").read_text())
         head = build_head(raw, target)  # its embedding is the target's, frozen
         load_head_weights(head, draft_dir)
         return cls(head, raw, target, seq_len)

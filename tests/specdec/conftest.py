@@ -37,3 +37,24 @@ def packed_target_and_head(tmp_path_factory):
                 p.mul_(10)  # weights large enough that drafts differ from token to token
     save_head(head, raw, folder / "head")
     return file, folder / "head"
+
+
+@pytest.fixture
+def pulled_tiny(packed_target_and_head, tmp_path, monkeypatch):
+    """The tiny GGUF pulled into a models cache as the registry's default model "tiny":
+    (the cache directory, the pulled file, its SHA-256)."""
+    import hashlib
+    import json
+    import shutil
+
+    home = tmp_path / "cache"
+    home.mkdir()
+    pulled = shutil.copy(packed_target_and_head[0], home / "tiny.gguf")
+    digest = hashlib.sha256(pulled.read_bytes()).hexdigest()
+    registry = {"default": "tiny", "models": {"tiny": {"file": "tiny.gguf", "description": "a tiny qwen2",
+                                                       "license": "MIT", "size": pulled.stat().st_size,
+                                                       "sha256": digest, "chunks": []}}}
+    (tmp_path / "models.json").write_text(json.dumps(registry))
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
+    monkeypatch.setenv("SPECDEC_MODELS_REGISTRY", str(tmp_path / "models.json"))
+    return home, pulled, digest

@@ -145,23 +145,12 @@ def test_a_head_adapts_on_a_packed_targets_features_without_a_float_target(repo,
     assert engine.complete(prefix, "", strategy="hybrid", max_tokens=12, mode="multi").tokens == ar.tokens
 
 
-def test_adapt_without_models_given_adapts_the_head_of_the_pulled_default(repo, packed_target_and_head, tmp_path,
-                                                                          monkeypatch, capsys):
+def test_adapt_without_models_given_adapts_the_head_of_the_pulled_default(repo, packed_target_and_head, pulled_tiny,
+                                                                          tmp_path, capsys):
     """With a real model pulled, `specdec adapt REPO` teaches the head that drafts for it, so
     that the adapted draft fits the target that serves; with no head to adapt it says so."""
-    import hashlib
-
-    file, head_dir = packed_target_and_head
-    home = tmp_path / "cache"
-    home.mkdir()
-    pulled = shutil.copy(file, home / "tiny.gguf")
-    digest = hashlib.sha256(pulled.read_bytes()).hexdigest()
-    registry = {"default": "tiny", "models": {"tiny": {"file": "tiny.gguf", "description": "a tiny qwen2",
-                                                       "license": "MIT", "size": pulled.stat().st_size,
-                                                       "sha256": digest, "chunks": []}}}
-    (tmp_path / "models.json").write_text(json.dumps(registry))
-    monkeypatch.setenv("SPECDEC_HOME", str(home))
-    monkeypatch.setenv("SPECDEC_MODELS_REGISTRY", str(tmp_path / "models.json"))
+    _, head_dir = packed_target_and_head
+    home, _, digest = pulled_tiny
     out = tmp_path / "adapted"
     assert cli_main(["adapt", str(repo), "--out", str(out), "--minutes", "0.05"]) == 2
     assert "no EAGLE-3 head to adapt" in capsys.readouterr().err and not out.exists()

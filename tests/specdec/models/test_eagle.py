@@ -190,10 +190,9 @@ def test_every_strategy_equals_ar_with_a_packed_head_on_a_packed_target(packed_t
 
 
 def test_a_pulled_targets_exported_head_drafts_by_default_and_only_for_its_own_file(
-        packed_target_and_head, tmp_path, monkeypatch):
+        packed_target_and_head, pulled_tiny):
     """A head exported into the models cache as head-NAME drafts for the pulled model NAME when its
     card names that file's SHA-256; a card for another file, or --draft none, leaves no draft."""
-    import hashlib
     import shutil
     import subprocess
     import sys
@@ -202,16 +201,7 @@ def test_a_pulled_targets_exported_head_drafts_by_default_and_only_for_its_own_f
     from specdec.models import model_cache
 
     file, head_dir = packed_target_and_head
-    home = tmp_path / "cache"
-    home.mkdir()
-    pulled = shutil.copy(file, home / "tiny.gguf")
-    digest = hashlib.sha256(pulled.read_bytes()).hexdigest()
-    registry = {"default": "tiny", "models": {"tiny": {"file": "tiny.gguf", "description": "a tiny qwen2",
-                                                       "license": "MIT", "size": pulled.stat().st_size,
-                                                       "sha256": digest, "chunks": []}}}
-    (tmp_path / "models.json").write_text(json.dumps(registry))
-    monkeypatch.setenv("SPECDEC_HOME", str(home))
-    monkeypatch.setenv("SPECDEC_MODELS_REGISTRY", str(tmp_path / "models.json"))
+    home, pulled, digest = pulled_tiny
     head = shutil.copytree(head_dir, home / "head-tiny")
     assert model_cache.installed_head(pulled) is None  # no card: not known to fit
     (head / "card.json").write_text(json.dumps({"target_fingerprint": "0" * 64}))
@@ -229,25 +219,16 @@ def test_a_pulled_targets_exported_head_drafts_by_default_and_only_for_its_own_f
 
 
 def test_a_head_trained_on_this_machine_comes_before_the_one_shipped_in_the_package(
-        packed_target_and_head, tmp_path, monkeypatch):
+        packed_target_and_head, pulled_tiny, tmp_path, monkeypatch):
     """The package's head-NAME drafts for a fresh machine's pull; a head exported into the models
     cache replaces it; a shipped head whose card names another file is passed over."""
-    import hashlib
     import shutil
 
     from specdec.models import model_cache
 
-    file, head_dir = packed_target_and_head
-    home, shipped = tmp_path / "cache", tmp_path / "package"
-    home.mkdir()
-    pulled = shutil.copy(file, home / "tiny.gguf")
-    digest = hashlib.sha256(pulled.read_bytes()).hexdigest()
-    registry = {"default": "tiny", "models": {"tiny": {"file": "tiny.gguf", "description": "a tiny qwen2",
-                                                       "license": "MIT", "size": pulled.stat().st_size,
-                                                       "sha256": digest, "chunks": []}}}
-    (tmp_path / "models.json").write_text(json.dumps(registry))
-    monkeypatch.setenv("SPECDEC_HOME", str(home))
-    monkeypatch.setenv("SPECDEC_MODELS_REGISTRY", str(tmp_path / "models.json"))
+    _, head_dir = packed_target_and_head
+    home, pulled, digest = pulled_tiny
+    shipped = tmp_path / "package"
     monkeypatch.setattr(model_cache, "SHIPPED_HEADS", shipped)
     packaged = shutil.copytree(head_dir, shipped / "head-tiny")
     (packaged / "card.json").write_text(json.dumps({"target_fingerprint": "0" * 64}))
