@@ -264,7 +264,7 @@ static void attend_rows(AttendRow *rows, int R, const float *keys, const float *
                     rows[r].scores, rows[r].out);
 }
 
-int64_t specdec_abi_version(void) { return 9; }
+int64_t specdec_abi_version(void) { return 10; }
 
 /* Whether products read a matrix's bf16 copy (the vector build), so the binding makes one. */
 int64_t specdec_reads_bf16(void) {

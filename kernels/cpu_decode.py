@@ -34,7 +34,7 @@ BUILDS = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "baseline": []}  # widest first
 # glibc's vector math (libmvec) for the exponentials of the portable attention loop (the AVX2
 # passes use their own inline exp); a C library without it builds with scalar expf instead.
 VECTOR_MATH, NO_VECTOR_MATH = ["-lmvec"], ["-DSPECDEC_NO_MVEC"]
-ABI_VERSION = 9
+ABI_VERSION = 10
 MAX_EXPERTS, MAX_TOP_K = 256, 64  # the C step's fixed routing buffers
 
 
@@ -42,7 +42,7 @@ class QMat(ctypes.Structure):
     """A matrix packed in 8-bit blocks of 32 columns, in tiles of 16 rows (cpu_quant.h)."""
 
     _fields_ = [("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("offset", ctypes.c_void_p),
-                ("zero", ctypes.c_int64), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("wide", ctypes.c_int64)]
+                ("zero", ctypes.c_int64), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("qmax", ctypes.c_int64)]
 
 
 class Mat(ctypes.Structure):

@@ -26,7 +26,7 @@ typedef struct {
     const float *offset;  /* [tiles][blocks][16], or NULL: every offset 0 */
     int64_t zero;         /* the whole matrix's */
     int64_t rows, cols;   /* cols a multiple of 32; rows padded to whole tiles in the arrays */
-    int64_t wide;         /* some q above 127: AVX2's pairwise byte products could saturate */
+    int64_t qmax;         /* the largest q: how AVX2's 16-bit pair sums stay clear of saturation */
 } QMat;
 
 typedef struct {          /* n tokens' rows quantized, per block of 32 */
@@ -195,41 +195,105 @@ static void qtiles_avx512_vnni(const QMat *m, int64_t T0, int64_t T1, const QAct
         }
 }
 
-/* AVX2: u8 x s8 pairs summed in 16 bits (maddubs), exact while q <= 127 (not `wide`). */
-__attribute__((target("avx2,fma")))
-static void qtiles_avx2(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t n, float *Y, int64_t ldy,
-                        const float *bias) {
+/* AVX2: u8 x s8 byte pairs summed into 16 bits (maddubs), widened to 32 bits (madd) and added.
+ * A pair's sum is at most 2 * 127 * |w|, so no 16-bit sum saturates:
+ * - a matrix whose q stay within 127 multiplies them as they are, and adds the pair sums of
+ *   `span` groups in 16 bits before one widening: as many groups as 32,767 / (254 * qmax) allows
+ *   (8 for 4-bit q, 4 for 5-bit), which saves most of the widenings of a low-bit matrix;
+ * - an 8-bit one (`qmax` above 127) multiplies w = q - 128 instead, as |w| (unsigned) times x
+ *   with w's sign (the sign trick), one group at a time; its activations' start then holds
+ *   -(zero - 128) * sum xq (qzero), so that the integer sum is the portable one.
+ * Tokens go QTOKENS_AVX2 at a time over a tile, each loaded group of weights serving them all. */
+#define AVX2 __attribute__((target("avx2,fma")))
+#define QTOKENS_AVX2 4
+
+static int64_t qmat_span(const QMat *m) {
+    int64_t span = 8;
+    while (span > 1 && span * 254 * m->qmax > 32767) span /= 2;
+    return span;
+}
+
+AVX2 __attribute__((always_inline))
+static inline void avx2_tile(const QMat *m, int64_t T, const QAct *a, int64_t t0, const int nt, const int span,
+                             const int wide, float *Y, int64_t ldy, const float *bias) {
     const int64_t nb = m->cols / 32;
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t T = T0; T < T1; T++) {
-        for (int64_t t = 0; t < n; t++) {
-            __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                const int64_t at = T * nb + b;
-                const uint8_t *w = m->q + at * 512;
-                const int8_t *x = a->xq + t * a->cols + b * 32;
-                __m256i dot0 = _mm256_set1_epi32(a->start[t * nb + b]), dot1 = dot0;
-                for (int g = 0; g < 8; g++) {
-                    const __m256i xb = _mm256_set1_epi32(*(const int32_t *)(x + g * 4));
-                    const __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + g * 64));
-                    const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + g * 64 + 32));
-                    dot0 = _mm256_add_epi32(dot0, _mm256_madd_epi16(_mm256_maddubs_epi16(w0, xb), ones));
-                    dot1 = _mm256_add_epi32(dot1, _mm256_madd_epi16(_mm256_maddubs_epi16(w1, xb), ones));
-                }
-                const __m256 dx = _mm256_set1_ps(a->dx[t * nb + b]);
-                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot0), _mm256_mul_ps(_mm256_loadu_ps(m->scale + at * 16), dx), acc0);
-                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot1), _mm256_mul_ps(_mm256_loadu_ps(m->scale + at * 16 + 8), dx), acc1);
-                if (m->offset) {
-                    const __m256 xs = _mm256_set1_ps(a->xs[t * nb + b]);
-                    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(m->offset + at * 16), xs, acc0);
-                    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(m->offset + at * 16 + 8), xs, acc1);
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc[QTOKENS_AVX2][2];
+    for (int j = 0; j < nt; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t at = T * nb + b;
+        const uint8_t *w = m->q + at * 512;
+        __m256i dot[QTOKENS_AVX2][2];
+        for (int j = 0; j < nt; j++) dot[j][0] = dot[j][1] = _mm256_set1_epi32(a->start[(t0 + j) * nb + b]);
+        for (int g0 = 0; g0 < 8; g0 += span) {
+            __m256i pairs[QTOKENS_AVX2][2];
+            for (int g = g0; g < g0 + span; g++) {
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(w + g * 64));
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + g * 64 + 32));
+                const __m256i signed0 = _mm256_xor_si256(w0, flip), signed1 = _mm256_xor_si256(w1, flip);
+                if (wide) w0 = _mm256_abs_epi8(signed0), w1 = _mm256_abs_epi8(signed1);
+                for (int j = 0; j < nt; j++) {
+                    const __m256i xb = _mm256_set1_epi32(*(const int32_t *)(a->xq + (t0 + j) * a->cols + b * 32 + g * 4));
+                    const __m256i p0 = _mm256_maddubs_epi16(w0, wide ? _mm256_sign_epi8(xb, signed0) : xb);
+                    const __m256i p1 = _mm256_maddubs_epi16(w1, wide ? _mm256_sign_epi8(xb, signed1) : xb);
+                    pairs[j][0] = g == g0 ? p0 : _mm256_add_epi16(pairs[j][0], p0);
+                    pairs[j][1] = g == g0 ? p1 : _mm256_add_epi16(pairs[j][1], p1);
                 }
             }
-            float out[16];
-            _mm256_storeu_ps(out, acc0), _mm256_storeu_ps(out + 8, acc1);
-            store_tile(out, T * 16, m->rows, bias, Y + t * ldy);
+            for (int j = 0; j < nt; j++) {
+                dot[j][0] = _mm256_add_epi32(dot[j][0], _mm256_madd_epi16(pairs[j][0], ones));
+                dot[j][1] = _mm256_add_epi32(dot[j][1], _mm256_madd_epi16(pairs[j][1], ones));
+            }
+        }
+        const __m256 scale0 = _mm256_loadu_ps(m->scale + at * 16), scale1 = _mm256_loadu_ps(m->scale + at * 16 + 8);
+        for (int j = 0; j < nt; j++) {
+            const int64_t tb = (t0 + j) * nb + b;
+            const __m256 dx = _mm256_set1_ps(a->dx[tb]);
+            acc[j][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j][0]), _mm256_mul_ps(scale0, dx), acc[j][0]);
+            acc[j][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[j][1]), _mm256_mul_ps(scale1, dx), acc[j][1]);
+            if (m->offset) {
+                const __m256 xs = _mm256_set1_ps(a->xs[tb]);
+                acc[j][0] = _mm256_fmadd_ps(_mm256_loadu_ps(m->offset + at * 16), xs, acc[j][0]);
+                acc[j][1] = _mm256_fmadd_ps(_mm256_loadu_ps(m->offset + at * 16 + 8), xs, acc[j][1]);
+            }
         }
     }
+    for (int j = 0; j < nt; j++) {
+        float out[16];
+        _mm256_storeu_ps(out, acc[j][0]), _mm256_storeu_ps(out + 8, acc[j][1]);
+        store_tile(out, T * 16, m->rows, bias, Y + (t0 + j) * ldy);
+    }
+}
+
+/* One instance per (tokens, span, wide), so that each loop above unrolls with its bounds known. */
+#define AVX2_TILE_FOR_TOKENS(NT)                                                                       \
+    AVX2 static void avx2_tile_##NT(const QMat *m, int64_t T, const QAct *a, int64_t t0, float *Y, int64_t ldy, \
+                                    const float *bias) {                                               \
+        if (m->qmax > 127) return avx2_tile(m, T, a, t0, NT, 1, 1, Y, ldy, bias);                     \
+        switch (qmat_span(m)) {                                                                        \
+        case 8: return avx2_tile(m, T, a, t0, NT, 8, 0, Y, ldy, bias);                                 \
+        case 4: return avx2_tile(m, T, a, t0, NT, 4, 0, Y, ldy, bias);                                 \
+        case 2: return avx2_tile(m, T, a, t0, NT, 2, 0, Y, ldy, bias);                                 \
+        default: return avx2_tile(m, T, a, t0, NT, 1, 0, Y, ldy, bias);                                \
+        }                                                                                              \
+    }
+AVX2_TILE_FOR_TOKENS(1)
+AVX2_TILE_FOR_TOKENS(2)
+AVX2_TILE_FOR_TOKENS(3)
+AVX2_TILE_FOR_TOKENS(4)
+
+AVX2
+static void qtiles_avx2(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t n, float *Y, int64_t ldy,
+                        const float *bias) {
+    for (int64_t T = T0; T < T1; T++)
+        for (int64_t t0 = 0; t0 < n; t0 += QTOKENS_AVX2) {
+            switch (n - t0 >= QTOKENS_AVX2 ? QTOKENS_AVX2 : n - t0) {
+            case 4: avx2_tile_4(m, T, a, t0, Y, ldy, bias); break;
+            case 3: avx2_tile_3(m, T, a, t0, Y, ldy, bias); break;
+            case 2: avx2_tile_2(m, T, a, t0, Y, ldy, bias); break;
+            default: avx2_tile_1(m, T, a, t0, Y, ldy, bias);
+            }
+        }
 }
 #endif
 
@@ -237,9 +301,21 @@ static void qtiles(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t
                    const float *bias, int kernel) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (kernel == QKERNEL_AVX512_VNNI) return qtiles_avx512_vnni(m, T0, T1, a, n, Y, ldy, bias);
-    if (kernel == QKERNEL_AVX2 && !m->wide) return qtiles_avx2(m, T0, T1, a, n, Y, ldy, bias);
+    if (kernel == QKERNEL_AVX2) return qtiles_avx2(m, T0, T1, a, n, Y, ldy, bias);
 #endif
     qtiles_portable(m, T0, T1, a, n, Y, ldy, bias);
+}
+
+/* The zero the activations' start is taken with: AVX2 multiplies an 8-bit matrix's q - 128. */
+static int64_t qzero(const QMat *m, int kernel) {
+    return kernel == QKERNEL_AVX2 && m->qmax > 127 ? m->zero - 128 : m->zero;
+}
+
+/* Tiles [T0, T1) of Y = X W^T (+ bias): the activations quantized into `a`, then multiplied. */
+static void qproduct(const QMat *m, const float *X, int64_t ldx, QAct *a, int64_t n, int64_t T0, int64_t T1,
+                     float *Y, int64_t ldy, const float *bias, int kernel) {
+    quantize_activations(X, ldx, n, m->cols, qzero(m, kernel), a);
+    qtiles(m, T0, T1, a, n, Y, ldy, bias, kernel);
 }
 
 /* Each thread's own activation buffer: the threads of a step quantize the same rows, which
@@ -249,9 +325,7 @@ static __thread QAct *thread_qact;
 /* Rows [r0, r1) (whole tiles, but the last) of Y = X W^T (+ bias) on the packed matrix. */
 static void qgemm_rows(const QMat *m, const float *X, int64_t ldx, float *Y, int64_t ldy, int64_t n,
                        const float *bias, int64_t r0, int64_t r1) {
-    QAct *a = thread_qact;
-    quantize_activations(X, ldx, n, m->cols, m->zero, a);
-    qtiles(m, r0 / 16, (r1 + 15) / 16, a, n, Y, ldy, bias, qkernel);
+    qproduct(m, X, ldx, thread_qact, n, r0 / 16, (r1 + 15) / 16, Y, ldy, bias, qkernel);
 }
 
 /* The bytes a thread's QAct needs for n rows of `cols` (laid out after the struct). */
@@ -269,26 +343,31 @@ static QAct *qact_at(void *memory, int64_t n, int64_t cols) {
 
 void specdec_set_qkernel(int kernel) { qkernel = kernel; }
 
-/* Runs `kernel` on a small random product and compares it with the portable one: 0 when they
- * agree. Called in a child process first (specdec_kernels/cpu_decode.py), where an
- * instruction the CPU refuses kills only the child. */
+/* Runs `kernel` on small random products and compares them with the portable one's: 0 when they
+ * agree. Two matrices, 5-bit q (zero 16) with offsets and 8-bit q (zero 128), and 7 tokens, so
+ * that each of a kernel's paths runs. Called in a child process first
+ * (specdec_kernels/cpu_decode.py), where an instruction the CPU refuses kills only the child. */
 int specdec_qkernel_probe(int kernel) {
-    enum { ROWS = 20, COLS = 64, N = 5 };
+    enum { ROWS = 20, COLS = 64, N = 7 };
     static uint8_t q[2 * (COLS / 32) * 512]; /* 2 tiles of 16 rows */
     static float scale[2 * 16 * 2], offset[2 * 16 * 2], X[N * COLS], Y0[N * ROWS], Y1[N * ROWS];
     static int8_t xq[N * COLS];
     static float dx[N * 2], xs[N * 2];
     static int32_t starts[N * 2];
     uint32_t state = 12345u;
-    for (size_t i = 0; i < sizeof q; i++) q[i] = (uint8_t)((state = state * 1103515245u + 12345u) >> 25);
     for (int i = 0; i < 64; i++) scale[i] = 0.01f * (float)(i % 7 + 1), offset[i] = -0.003f * (float)(i % 5);
     for (int i = 0; i < N * COLS; i++) X[i] = (float)((int)((state = state * 1103515245u + 12345u) >> 24) - 128) / 37.0f;
-    QMat m = {q, scale, offset, 64, ROWS, COLS, 0};
-    QAct a = {xq, dx, starts, xs, COLS, N * COLS};
-    quantize_activations(X, COLS, N, COLS, m.zero, &a);
-    qtiles_portable(&m, 0, 2, &a, N, Y0, ROWS, NULL);
-    qtiles(&m, 0, 2, &a, N, Y1, ROWS, NULL, kernel);
-    return memcmp(Y0, Y1, sizeof Y0) != 0;
+    const int bits[2] = {5, 8};
+    for (int c = 0; c < 2; c++) {
+        for (size_t i = 0; i < sizeof q; i++) q[i] = (uint8_t)((state = state * 1103515245u + 12345u) >> (32 - bits[c]));
+        q[0] = (uint8_t)((1 << bits[c]) - 1), q[1] = 0; /* both ends of the range */
+        QMat m = {q, scale, c ? NULL : offset, c ? 128 : 16, ROWS, COLS, (1 << bits[c]) - 1};
+        QAct a = {xq, dx, starts, xs, COLS, N * COLS};
+        qproduct(&m, X, COLS, &a, N, 0, 2, Y0, ROWS, NULL, QKERNEL_PORTABLE);
+        qproduct(&m, X, COLS, &a, N, 0, 2, Y1, ROWS, NULL, kernel);
+        if (memcmp(Y0, Y1, sizeof Y0) != 0) return 1;
+    }
+    return 0;
 }
 
 /* Y [n, rows] = X [n, cols] W^T on a packed matrix with `kernel`, over `threads` threads: the
@@ -301,9 +380,8 @@ int specdec_qgemm(const QMat *m, const float *X, int64_t n, float *Y, int kernel
 #pragma omp parallel num_threads(threads)
     {
         QAct *a = qact_at(memory + stride * (size_t)omp_get_thread_num(), n, m->cols);
-        quantize_activations(X, m->cols, n, m->cols, m->zero, a);
         const int64_t me = omp_get_thread_num(), all = omp_get_num_threads();
-        qtiles(m, tiles * me / all, tiles * (me + 1) / all, a, n, Y, m->rows, NULL, kernel);
+        qproduct(m, X, m->cols, a, n, tiles * me / all, tiles * (me + 1) / all, Y, m->rows, NULL, kernel);
     }
     free(memory);
     return 0;

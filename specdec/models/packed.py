@@ -138,10 +138,10 @@ class PackedMatrix:
         self.scale = _tiled(rows.scale, pad, tiles, blocks)
         self.offset = None if rows.offset is None else _tiled(rows.offset, pad, tiles, blocks)
         self.zero = int(rows.zero)
-        self.rows, self.cols, self.wide = count, cols, int(rows.q.max(initial=0) > 127)
+        self.rows, self.cols, self.qmax = count, cols, int(rows.q.max(initial=0))
         self.desc = cpu_decode.QMat(self.q.ctypes.data, self.scale.ctypes.data,
                                     None if self.offset is None else self.offset.ctypes.data,
-                                    self.zero, count, cols, self.wide)
+                                    self.zero, count, cols, self.qmax)
 
     @property
     def nbytes(self) -> int:

@@ -14,7 +14,7 @@ from specdec.models import native
 from specdec.models.config import ConfigError
 from specdec.models.loader import CheckpointError
 from specdec.models.model import Segment
-from specdec.models.packed import PackedMatrix, concat_rows, from_floats, from_gguf
+from specdec.models.packed import PackedMatrix, PackedRows, concat_rows, from_floats, from_gguf
 from specdec.models.quantize import quantize_target
 from specdec_kernels import cpu_decode
 from tests.specdec.models.gguf_files import write_gguf
@@ -70,15 +70,26 @@ def _matrices():
     raw[:, 0:4] = np.array([0.01, 0.002], dtype=np.float16).view(np.uint8)
     mins = _packed(raw, "Q4_K")
     fused = concat_rows([_packed(_raw(RNG.standard_normal((16, 256)).astype(np.float32), "Q5_0"), "Q5_0"), mins])
-    return {"wide": wide, "offsets": mins, "fused": fused}
+    return {"wide": wide, "offsets": mins, "fused": fused, "5-bit": _packed(_raw(RNG.standard_normal((24, 128)).astype(
+        np.float32), "Q5_0"), "Q5_0"), "6-bit": _extremes(63, zero=32), "7-bit": _extremes(127, zero=64),
+        "8-bit extremes": _extremes(255, zero=128)}
+
+
+def _extremes(qmax: int, zero: int) -> PackedRows:
+    """Random q in [0, qmax] with whole rows at both ends: the largest sums AVX2's 16-bit pairs meet."""
+    q = RNG.integers(0, qmax + 1, size=(32, 256)).astype(np.uint8)
+    q[0], q[1] = qmax, 0
+    return PackedRows(q, RNG.uniform(0.001, 0.01, size=(32, 8)).astype(np.float32), None, zero)
 
 
 @pytest.mark.skipif(cpu_decode.library() is None, reason="no C compiler for the native step")
-@pytest.mark.parametrize("name", ["wide", "offsets", "fused"])
+@pytest.mark.parametrize("name", ["wide", "offsets", "fused", "5-bit", "6-bit", "7-bit", "8-bit extremes"])
 def test_every_kernel_this_cpu_runs_gives_the_portable_kernels_numbers(name):
     rows = _matrices()[name]
     matrix = PackedMatrix(rows)
-    x = RNG.standard_normal((5, matrix.cols)).astype(np.float32)
+    x = RNG.standard_normal((7, matrix.cols)).astype(np.float32)  # a pass of 4 tokens and one of 3
+    x[0] = np.abs(x[0]) + 1  # activations of one sign: with q at both ends, the sums at their largest
+    x[1] = -x[0]
     portable = _product(matrix, x, cpu_decode.QKERNELS["portable"])
     exact = x @ rows.dequantized().T
     assert np.abs(portable - exact).max() <= 2e-2 * np.abs(exact).max()  # 8-bit activations
@@ -88,7 +99,7 @@ def test_every_kernel_this_cpu_runs_gives_the_portable_kernels_numbers(name):
         if cpu_decode._probe_in_child(lib, code):
             assert np.array_equal(_product(matrix, x, code), portable), kernel
     in_use = cpu_decode.QKERNELS[cpu_decode.qkernel()]
-    one_by_one = np.concatenate([_product(matrix, x[i:i + 1].copy(), in_use) for i in range(5)])
+    one_by_one = np.concatenate([_product(matrix, x[i:i + 1].copy(), in_use) for i in range(len(x))])
     assert np.array_equal(one_by_one, portable)  # a token's row does not depend on its neighbours
 
 
