@@ -72,7 +72,7 @@ def _matrices():
     fused = concat_rows([_packed(_raw(RNG.standard_normal((16, 256)).astype(np.float32), "Q5_0"), "Q5_0"), mins])
     return {"wide": wide, "offsets": mins, "fused": fused, "5-bit": _packed(_raw(RNG.standard_normal((24, 128)).astype(
         np.float32), "Q5_0"), "Q5_0"), "6-bit": _extremes(63, zero=32), "7-bit": _extremes(127, zero=64),
-        "8-bit extremes": _extremes(255, zero=128)}
+        "8-bit extremes": _extremes(255, zero=128), "8-bit with offsets": concat_rows([wide, mins])}
 
 
 def _extremes(qmax: int, zero: int) -> PackedRows:
@@ -83,7 +83,8 @@ def _extremes(qmax: int, zero: int) -> PackedRows:
 
 
 @pytest.mark.skipif(cpu_decode.library() is None, reason="no C compiler for the native step")
-@pytest.mark.parametrize("name", ["wide", "offsets", "fused", "5-bit", "6-bit", "7-bit", "8-bit extremes"])
+@pytest.mark.parametrize("name", ["wide", "offsets", "fused", "5-bit", "6-bit", "7-bit", "8-bit extremes",
+                                  "8-bit with offsets"])
 def test_every_kernel_this_cpu_runs_gives_the_portable_kernels_numbers(name):
     rows = _matrices()[name]
     matrix = PackedMatrix(rows)
