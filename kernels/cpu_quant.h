@@ -40,6 +40,9 @@ typedef struct {          /* n tokens' rows quantized, per block of 32 */
 enum { QKERNEL_PORTABLE = 0, QKERNEL_AVX2 = 1, QKERNEL_AVX512_VNNI = 2 };
 static int qkernel = QKERNEL_PORTABLE; /* set by specdec_set_qkernel once a probe ran it */
 
+/* Whether AVX2 multiplies the matrix's q - 128 through the sign trick (8-bit q). */
+static int avx2_signs(const QMat *m) { return m->qmax > 127; }
+
 static void quantize_activations(const float *X, int64_t ldx, int64_t n, int64_t cols, int64_t zero, QAct *a) {
     const int64_t nb = cols / 32;
     a->cols = cols;
@@ -265,35 +268,36 @@ static inline void avx2_tile(const QMat *m, int64_t T, const QAct *a, int64_t t0
     }
 }
 
-/* One instance per (tokens, span, wide), so that each loop above unrolls with its bounds known. */
-#define AVX2_TILE_FOR_TOKENS(NT)                                                                       \
-    AVX2 static void avx2_tile_##NT(const QMat *m, int64_t T, const QAct *a, int64_t t0, float *Y, int64_t ldy, \
-                                    const float *bias) {                                               \
-        if (m->qmax > 127) return avx2_tile(m, T, a, t0, NT, 1, 1, Y, ldy, bias);                     \
-        switch (qmat_span(m)) {                                                                        \
-        case 8: return avx2_tile(m, T, a, t0, NT, 8, 0, Y, ldy, bias);                                 \
-        case 4: return avx2_tile(m, T, a, t0, NT, 4, 0, Y, ldy, bias);                                 \
-        case 2: return avx2_tile(m, T, a, t0, NT, 2, 0, Y, ldy, bias);                                 \
-        default: return avx2_tile(m, T, a, t0, NT, 1, 0, Y, ldy, bias);                                \
-        }                                                                                              \
+/* One loop per (span, wide), chosen once a matrix, over instances for 1 to 4 tokens, so that
+ * each loop above unrolls with its bounds known. */
+#define AVX2_TILES(SPAN, WIDE)                                                                         \
+    AVX2 static void avx2_tiles_##SPAN##_##WIDE(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t n, \
+                                                float *Y, int64_t ldy, const float *bias) {            \
+        for (int64_t T = T0; T < T1; T++)                                                              \
+            for (int64_t t0 = 0; t0 < n; t0 += QTOKENS_AVX2) {                                         \
+                switch (n - t0 >= QTOKENS_AVX2 ? QTOKENS_AVX2 : n - t0) {                              \
+                case 4: avx2_tile(m, T, a, t0, 4, SPAN, WIDE, Y, ldy, bias); break;                    \
+                case 3: avx2_tile(m, T, a, t0, 3, SPAN, WIDE, Y, ldy, bias); break;                    \
+                case 2: avx2_tile(m, T, a, t0, 2, SPAN, WIDE, Y, ldy, bias); break;                    \
+                default: avx2_tile(m, T, a, t0, 1, SPAN, WIDE, Y, ldy, bias);                          \
+                }                                                                                      \
+            }                                                                                          \
     }
-AVX2_TILE_FOR_TOKENS(1)
-AVX2_TILE_FOR_TOKENS(2)
-AVX2_TILE_FOR_TOKENS(3)
-AVX2_TILE_FOR_TOKENS(4)
+AVX2_TILES(1, 1)
+AVX2_TILES(1, 0)
+AVX2_TILES(2, 0)
+AVX2_TILES(4, 0)
+AVX2_TILES(8, 0)
 
-AVX2
 static void qtiles_avx2(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t n, float *Y, int64_t ldy,
                         const float *bias) {
-    for (int64_t T = T0; T < T1; T++)
-        for (int64_t t0 = 0; t0 < n; t0 += QTOKENS_AVX2) {
-            switch (n - t0 >= QTOKENS_AVX2 ? QTOKENS_AVX2 : n - t0) {
-            case 4: avx2_tile_4(m, T, a, t0, Y, ldy, bias); break;
-            case 3: avx2_tile_3(m, T, a, t0, Y, ldy, bias); break;
-            case 2: avx2_tile_2(m, T, a, t0, Y, ldy, bias); break;
-            default: avx2_tile_1(m, T, a, t0, Y, ldy, bias);
-            }
-        }
+    if (avx2_signs(m)) return avx2_tiles_1_1(m, T0, T1, a, n, Y, ldy, bias);
+    switch (qmat_span(m)) {
+    case 8: return avx2_tiles_8_0(m, T0, T1, a, n, Y, ldy, bias);
+    case 4: return avx2_tiles_4_0(m, T0, T1, a, n, Y, ldy, bias);
+    case 2: return avx2_tiles_2_0(m, T0, T1, a, n, Y, ldy, bias);
+    default: return avx2_tiles_1_0(m, T0, T1, a, n, Y, ldy, bias);
+    }
 }
 #endif
 
@@ -308,7 +312,7 @@ static void qtiles(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t
 
 /* The zero the activations' start is taken with: AVX2 multiplies an 8-bit matrix's q - 128. */
 static int64_t qzero(const QMat *m, int kernel) {
-    return kernel == QKERNEL_AVX2 && m->qmax > 127 ? m->zero - 128 : m->zero;
+    return kernel == QKERNEL_AVX2 && avx2_signs(m) ? m->zero - 128 : m->zero;
 }
 
 /* Tiles [T0, T1) of Y = X W^T (+ bias): the activations quantized into `a`, then multiplied. */
