@@ -22,12 +22,14 @@ import tempfile
 import pytest
 import torch
 
-from specdec.models.model_cache import models_home
+from specdec.models.model_cache import installed_path, models_home
 
 # Where scripts/setup.sh pulled the real models (tests/specdec/test_real_model.py reads them there).
 # Everything else runs with an empty models cache, so that a CLI or server under test with no
 # --target serves the embedded models, as the tests expect, whatever this machine has pulled.
 PULLED_MODELS = models_home()
+DEFAULT_NAME = "qwen2.5-coder-0.5b"
+PULLED_DEFAULT = installed_path(DEFAULT_NAME, PULLED_MODELS)
 os.environ["SPECDEC_HOME"] = tempfile.mkdtemp(prefix="specdec-test-models-")
 atexit.register(shutil.rmtree, os.environ["SPECDEC_HOME"], True)
 
@@ -120,6 +122,19 @@ def hf_checkpoints(tmp_path_factory):
         model.save_pretrained(directory)
         out[arch] = (directory, model)
     return out
+
+
+@pytest.fixture(scope="session")
+def pulled_engine():
+    """The pulled default model packed, as it serves, in one engine for the whole session: its
+    load and its warm-up (the verify cost measured over real passes) take half a minute."""
+    from specdec import Engine, load_model
+
+    if PULLED_DEFAULT is None:
+        pytest.skip(f"{DEFAULT_NAME} is not pulled (specdec models pull {DEFAULT_NAME})")
+    engine = Engine(load_model(PULLED_DEFAULT, packed=True), None, None, warm_up=False)
+    yield engine
+    engine.stop()
 
 
 @pytest.fixture(scope="session")

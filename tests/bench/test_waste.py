@@ -1,32 +1,33 @@
 """No token is generated past the one that decides a completion's stop (the real default model,
 when it is pulled: CI pulls it)."""
 
+import dataclasses
 import sysconfig
 from pathlib import Path
 
 import pytest
 
 from bench.waste import waste
-from specdec import Engine, load_model
-from specdec.models.model_cache import installed_path
 from specdec_eval.points import sample_points
-from tests.conftest import PULLED_MODELS
+from tests.conftest import DEFAULT_NAME, PULLED_DEFAULT
 
-NAME = "qwen2.5-coder-0.5b"
-PATH = installed_path(NAME, PULLED_MODELS)
-pytestmark = pytest.mark.skipif(PATH is None, reason=f"{NAME} is not pulled (specdec models pull {NAME})")
+pytestmark = pytest.mark.skipif(PULLED_DEFAULT is None,
+                                reason=f"{DEFAULT_NAME} is not pulled (specdec models pull {DEFAULT_NAME})")
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
-@pytest.fixture(scope="module")
-def engine():
-    engine = Engine(load_model(PATH, packed=True), None, None, warm_up=False)
-    yield engine
-    engine.stop()
+def around_the_cursor(point, lines_before: int = 24, lines_after: int = 8):
+    """The point with its file cut to whole lines near the cursor: the stop rules read only the
+    cursor's line and the lines after it, and a short prompt keeps each prefill cheap."""
+    prefix = "\n".join(point.prefix.split("\n")[-lines_before:])
+    suffix = "\n".join(point.suffix.split("\n")[:lines_after])
+    return dataclasses.replace(point, prefix=prefix, suffix=suffix)
 
 
-def test_completions_stop_at_the_token_that_decides_them(engine):
-    points = sample_points(STDLIB, 16, seed=3, files=["textwrap.py", "shlex.py", "fractions.py", "bisect.py"])
+def test_completions_stop_at_the_token_that_decides_them(pulled_engine):
+    engine = pulled_engine
+    files = ["textwrap.py", "shlex.py", "fractions.py", "bisect.py"]
+    points = [around_the_cursor(point) for point in sample_points(STDLIB, 10, seed=3, files=files)]
     decided = 0
     for point in points:
         results = [engine.complete(point.prefix, point.suffix, strategy=strategy, mode=point.mode, max_tokens=32)
@@ -35,10 +36,11 @@ def test_completions_stop_at_the_token_that_decides_them(engine):
         for result in results:
             assert waste(engine, point.prefix, point.suffix, point.mode, result) == 0, (point, result.text)
         decided += results[0].stats.stop_reason != "limit"
-    assert decided >= 8  # most stops are decided by the text, not the limit
+    assert decided >= 5  # most stops are decided by the text, not the limit
 
 
-def test_waste_counts_tokens_after_the_deciding_one(engine):
+def test_waste_counts_tokens_after_the_deciding_one(pulled_engine):
+    engine = pulled_engine
     prefix = "def area(width, height):\n    return width * "
     result = engine.complete(prefix, "\n", mode="single", max_tokens=16, strategy="ar")
     assert result.stats.stop_reason == "newline" and waste(engine, prefix, "\n", "single", result) == 0

@@ -1,5 +1,7 @@
 """The real default model (Qwen2.5-Coder-0.5B-Instruct, GGUF), when it is pulled: `scripts/setup.sh`
-pulls it, so CI runs these; elsewhere they skip and say how to pull it."""
+pulls it, so CI runs these; elsewhere they skip and say how to pull it. Completions come from the
+packed model, as `specdec serve` runs it (the session's `pulled_engine`); the comparison with
+transformers loads the float weights."""
 
 import sysconfig
 from pathlib import Path
@@ -7,27 +9,38 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec import Engine, load_model
-from specdec.models.model_cache import installed_path
-from tests.conftest import PULLED_MODELS
+from specdec import load_model
+from tests.conftest import DEFAULT_NAME, PULLED_DEFAULT
 
-NAME = "qwen2.5-coder-0.5b"
-PATH = installed_path(NAME, PULLED_MODELS)
-pytestmark = pytest.mark.skipif(PATH is None, reason=f"{NAME} is not pulled (specdec models pull {NAME})")
+PATH = PULLED_DEFAULT
+pytestmark = pytest.mark.skipif(PATH is None, reason=f"{DEFAULT_NAME} is not pulled (specdec models pull {DEFAULT_NAME})")
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 POINT = "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self."
 
 
-@pytest.fixture(scope="module")
-def model():
-    return load_model(PATH)
+@pytest.fixture
+def engine(pulled_engine):
+    return pulled_engine
 
 
 @pytest.fixture(scope="module")
-def engine(model):
-    engine = Engine(model, None, None, warm_up=False)
-    yield engine
-    engine.stop()
+def transformers_parses_the_file_once():
+    """transformers parses the GGUF file for the config, again for the weights and again for the
+    tokenizer, half a minute each (its tokenizer's arrays, item by item): one parse serves all
+    three, as the reader is only read."""
+    import gguf
+
+    original, readers = gguf.GGUFReader, {}
+
+    def shared_reader(path, *args, **kwargs):
+        key = (str(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = original(path, *args, **kwargs)
+        return readers[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", shared_reader)
+        yield
 
 
 def test_the_default_completes_the_point_class(engine):
@@ -61,7 +74,7 @@ def test_a_cursor_after_indentation_completes_the_line(engine, prefix, completio
     assert engine.complete(prefix, "", max_tokens=8, strategy="hybrid", mode="single").tokens == result.tokens
 
 
-def test_the_tokenizer_gives_transformers_ids_for_the_same_file(model):
+def test_the_tokenizer_gives_transformers_ids_for_the_same_file(engine, transformers_parses_the_file_once):
     from transformers import AutoTokenizer
 
     theirs = AutoTokenizer.from_pretrained(str(PATH.parent), gguf_file=PATH.name)
@@ -69,13 +82,14 @@ def test_the_tokenizer_gives_transformers_ids_for_the_same_file(model):
     assert len(files) == 40
     for file in files:
         text = file.read_text(encoding="utf-8", errors="replace")
-        assert model.tokenizer.encode(text).ids == theirs.encode(text, add_special_tokens=False), file.name
+        assert engine.tokenizer.encode(text).ids == theirs.encode(text, add_special_tokens=False), file.name
 
 
-def test_the_logits_match_transformers_own_gguf_load(model):
+def test_the_logits_match_transformers_own_gguf_load(transformers_parses_the_file_once):
     pytest.importorskip("accelerate")  # transformers needs it to read GGUF files
     from transformers import AutoModelForCausalLM
 
+    model = load_model(PATH)  # the float weights: transformers dequantizes them the same way
     theirs = AutoModelForCausalLM.from_pretrained(str(PATH.parent), gguf_file=PATH.name, dtype=torch.float32).eval()
     ids = torch.tensor([model.tokenizer.encode((STDLIB / "textwrap.py").read_text()).ids[:96]])
     with torch.no_grad():
