@@ -10,4 +10,5 @@ VENV_PYTHON="$PWD/.venv/bin/python"
 ruff check .
 # pytest, not `python -m pytest`: -m would put the repository root first on sys.path, where its
 # folders shadow installed packages (kernels). addopts has -q; a second -q would hide "N passed".
-pytest
+# One worker a core (the tests run single-threaded); a file's tests stay together, sharing its fixtures.
+pytest -n auto --dist loadfile

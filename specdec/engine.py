@@ -104,7 +104,8 @@ class Engine:
                  context: ContextSettings | None = None):
         """adaptive=False always speculates with every node the sources offer (up to the budget):
         for tests and measurements of speculation itself; True decides by measured speed.
-        warm_up=False defers the hardware measurements to an explicit warm_up() call.
+        warm_up=False defers the hardware measurements to an explicit warm_up() call, or to the
+        first request that speculates.
         fim_mode overrides the order named in the target's config.json (psm, spm, suffix_first).
         prefetch=False never computes the request after an accept ahead (specdec.decode.prefetch); it
         runs only on a started engine (a server), whose loop has idle time to give it.
@@ -227,7 +228,8 @@ class Engine:
                 order(self.prompts.format, options.fim_mode)
             except FimFormatError as err:
                 raise OptionsError(str(err), "fim_mode") from None
-        self.warm_up()
+        if options.sources.speculates:  # plain decoding reads no measured cost
+            self.warm_up()
         if options.path is not None and self.index is not None:
             options = options.with_changes(path=self.index.relative(options.path))
         generation = Generation(self.decode, options)

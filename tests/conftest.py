@@ -27,7 +27,9 @@ from specdec.models.model_cache import installed_path, models_home
 # Where scripts/setup.sh pulled the real models (tests/specdec/test_real_model.py reads them there).
 # Everything else runs with an empty models cache, so that a CLI or server under test with no
 # --target serves the embedded models, as the tests expect, whatever this machine has pulled.
-PULLED_MODELS = models_home()
+# pytest-xdist's workers inherit the SPECDEC_HOME set below: the first process's answer travels to them.
+os.environ.setdefault("SPECDEC_PULLED_HOME", str(models_home()))
+PULLED_MODELS = Path(os.environ["SPECDEC_PULLED_HOME"])
 DEFAULT_NAME = "qwen2.5-coder-0.5b"
 PULLED_DEFAULT = installed_path(DEFAULT_NAME, PULLED_MODELS)
 os.environ["SPECDEC_HOME"] = tempfile.mkdtemp(prefix="specdec-test-models-")

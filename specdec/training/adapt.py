@@ -241,7 +241,7 @@ def _distil(student, batch_at, s: AdaptSettings, deadline: float) -> dict:
     model.train()
     bar = tqdm(total=round(budget), unit="s", desc="adapt", disable=not s.progress, leave=False)
     try:
-        while time.time() < deadline:
+        while step == 0 or time.time() < deadline:  # a step at least: the card's training is real
             for group in optimizer.param_groups:
                 group["lr"] = s.lr * _schedule((time.time() - start) / budget)
             loss = optimizer_step(model, optimizer, trained, student.loss, batch_at(step))
