@@ -1,6 +1,8 @@
 """`specdec lsp` as a real subprocess, driven over stdio by a pygls client (pytest-lsp)."""
 
 import asyncio
+import atexit
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -11,7 +13,8 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
 from pytest_lsp import ClientServerConfig, LanguageClient
 
-REPO = Path(tempfile.mkdtemp(prefix="specdec-lsp-"))
+REPO = Path(tempfile.mkdtemp(prefix="specdec-lsp-"))  # the server's command line is fixed at import
+atexit.register(shutil.rmtree, REPO, True)
 (REPO / "pkg").mkdir()
 (REPO / "pkg" / "store.py").write_text(
     "class Store:\n    def get_item(self, key):\n        return self.items[key]\n\n"
