@@ -5,8 +5,11 @@
 
 The target is loaded as it serves (a GGUF packed in 8-bit blocks). Every packed matrix but the
 embedding is multiplied by random activations of n tokens through the native product
-(`specdec_qgemm`, the kernel the probe chose), median of `repeats`, and the times are summed by
-kind: the name's last part, with `8bit` added where q goes above 127 (the AVX2 sign-trick path).
+(`specdec_qgemm`, the kernel the probe chose), and the times are summed by kind: the name's last
+part, with `8bit` added where q goes above 127 (the AVX2 sign-trick path). A round takes the
+matrices in the model's order, once each, as a step does, so that each comes from memory as it
+does in service (timing one matrix over and over would find it in the CPU's cache); each kind
+keeps its median over `repeats` rounds.
 """
 
 import argparse
@@ -28,16 +31,24 @@ def kind_of(name: str, matrix) -> str:
     return name.split(".")[-1] + (" 8bit" if matrix.qmax > 127 else "")
 
 
-def product_millis(lib, matrix, tokens: int, threads: int, repeats: int) -> float:
-    kernel = cpu_decode.QKERNELS[cpu_decode.qkernel()]
-    x, y = torch.randn(tokens, matrix.cols), torch.empty(tokens, matrix.rows)
-    times = []
+def product_millis(lib, matrix, x: torch.Tensor, y: torch.Tensor) -> float:
+    started = time.perf_counter()
+    lib.specdec_qgemm(ctypes.byref(matrix.desc), x.data_ptr(), x.shape[0], y.data_ptr(),
+                      cpu_decode.QKERNELS[cpu_decode.qkernel()], torch.get_num_threads())
+    return (time.perf_counter() - started) * 1000
+
+
+def products_by_kind(lib, matrices: dict, tokens: int, repeats: int) -> dict:
+    """{kind: median over rounds of the kind's summed product time (ms)}."""
+    buffers = {name: (torch.randn(tokens, m.cols), torch.empty(tokens, m.rows)) for name, m in matrices.items()}
+    rounds = []
     for _ in range(repeats):
-        started = time.perf_counter()
-        lib.specdec_qgemm(ctypes.byref(matrix.desc), x.data_ptr(), tokens, y.data_ptr(), kernel,
-                          threads)
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+        by_kind = {}
+        for name, matrix in matrices.items():
+            kind = kind_of(name, matrix)
+            by_kind[kind] = by_kind.get(kind, 0.0) + product_millis(lib, matrix, *buffers[name])
+        rounds.append(by_kind)
+    return {kind: statistics.median(r[kind] for r in rounds) for kind in sorted(rounds[0])}
 
 
 def main(argv=None) -> int:
@@ -54,16 +65,14 @@ def main(argv=None) -> int:
     model = load_model(target, packed=True)
     lib = cpu_decode.library()
     report = {"command": " ".join(sys.argv), "kernel": cpu_decode.qkernel(), "threads": args.threads, "tokens": {}}
+    matrices = {name: m for name, m in model.packed.items() if name != "embed"}
+    torch.set_num_threads(args.threads)
     for tokens in (int(n) for n in args.tokens.split(",")):
-        by_kind = {}
-        for name, matrix in model.packed.items():
-            if name != "embed":
-                kind = kind_of(name, matrix)
-                by_kind[kind] = by_kind.get(kind, 0.0) + product_millis(lib, matrix, tokens, args.threads, args.repeats)
+        by_kind = products_by_kind(lib, matrices, tokens, args.repeats)
         total = sum(by_kind.values())
-        report["tokens"][tokens] = {"total_ms": round(total, 2),
-                                    "by_kind_ms": {k: round(v, 2) for k, v in sorted(by_kind.items())},
-                                    "lm_head_share": round(by_kind.get("lm_head 8bit", by_kind.get("lm_head", 0.0)) / total, 3)}
+        head = sum(ms for kind, ms in by_kind.items() if kind.startswith("lm_head"))
+        report["tokens"][tokens] = {"total_ms": round(total, 2), "by_kind_ms": {k: round(v, 2) for k, v in by_kind.items()},
+                                    "lm_head_share": round(head / total, 3)}
         print(tokens, json.dumps(report["tokens"][tokens]), flush=True)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
