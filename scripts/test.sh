@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Checked from / so that the installed names answer (a venv from before a rename re-installs).
 VENV_PYTHON="$PWD/.venv/bin/python"
-[ -x "$VENV_PYTHON" ] && (cd / && "$VENV_PYTHON" -c "import specdec_server, specdec_eval, transformers") 2>/dev/null \
+[ -x "$VENV_PYTHON" ] && (cd / && "$VENV_PYTHON" -c "import specdec_server, specdec_eval, transformers, xdist") 2>/dev/null \
     || ./scripts/setup.sh
 . .venv/bin/activate
 ruff check .
