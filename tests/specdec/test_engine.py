@@ -1,4 +1,4 @@
-"""Engine: metrics and a request's FIM order."""
+"""Engine: metrics, a request's FIM order, and when it warms up."""
 
 import pytest
 
@@ -45,3 +45,14 @@ def test_an_attached_index_and_a_remembered_suggestion_reach_the_next_request(en
     assert engine.history.typing_along("zoo.py", "def herd(zebras, co", length=12)
     engine.attach_index(None)
     assert engine.decode.index is None
+
+
+def test_only_a_request_that_speculates_waits_for_the_warm_up(engine):
+    """The verify cost is measured over real passes (half a minute on a real CPU target); plain
+    decoding never reads it, so a deferred warm-up waits for the first request that speculates."""
+    fresh = Engine(engine.target, engine.draft, warm_up=False)
+    plain = fresh.complete("import os\n", "", max_tokens=4, strategy="ar")
+    assert fresh.verify_cost is None and fresh.draft_min_prob is None
+    speculated = fresh.complete("import os\n", "", max_tokens=4, strategy="hybrid")
+    assert fresh.verify_cost is not None and fresh.draft_min_prob is not None
+    assert speculated.tokens == plain.tokens
