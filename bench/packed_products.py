@@ -31,22 +31,24 @@ def kind_of(name: str, matrix) -> str:
     return name.split(".")[-1] + (" 8bit" if matrix.qmax > 127 else "")
 
 
-def product_millis(lib, matrix, x: torch.Tensor, y: torch.Tensor) -> float:
+def product_millis(lib, matrix, x: torch.Tensor, y: torch.Tensor, kernel: int, threads: int) -> float:
+    arguments = (ctypes.byref(matrix.desc), x.data_ptr(), x.shape[0], y.data_ptr(), kernel, threads)
     started = time.perf_counter()
-    lib.specdec_qgemm(ctypes.byref(matrix.desc), x.data_ptr(), x.shape[0], y.data_ptr(),
-                      cpu_decode.QKERNELS[cpu_decode.qkernel()], torch.get_num_threads())
+    lib.specdec_qgemm(*arguments)
     return (time.perf_counter() - started) * 1000
 
 
-def products_by_kind(lib, matrices: dict, tokens: int, repeats: int) -> dict:
+def products_by_kind(lib, matrices: dict, tokens: int, repeats: int, threads: int) -> dict:
     """{kind: median over rounds of the kind's summed product time (ms)}."""
+    kernel = cpu_decode.QKERNELS[cpu_decode.qkernel()]
     buffers = {name: (torch.randn(tokens, m.cols), torch.empty(tokens, m.rows)) for name, m in matrices.items()}
     rounds = []
     for _ in range(repeats):
         by_kind = {}
         for name, matrix in matrices.items():
             kind = kind_of(name, matrix)
-            by_kind[kind] = by_kind.get(kind, 0.0) + product_millis(lib, matrix, *buffers[name])
+            millis = product_millis(lib, matrix, *buffers[name], kernel, threads)
+            by_kind[kind] = by_kind.get(kind, 0.0) + millis
         rounds.append(by_kind)
     return {kind: statistics.median(r[kind] for r in rounds) for kind in sorted(rounds[0])}
 
@@ -66,9 +68,8 @@ def main(argv=None) -> int:
     lib = cpu_decode.library()
     report = {"command": " ".join(sys.argv), "kernel": cpu_decode.qkernel(), "threads": args.threads, "tokens": {}}
     matrices = {name: m for name, m in model.packed.items() if name != "embed"}
-    torch.set_num_threads(args.threads)
     for tokens in (int(n) for n in args.tokens.split(",")):
-        by_kind = products_by_kind(lib, matrices, tokens, args.repeats)
+        by_kind = products_by_kind(lib, matrices, tokens, args.repeats, args.threads)
         total = sum(by_kind.values())
         head = sum(ms for kind, ms in by_kind.items() if kind.startswith("lm_head"))
         report["tokens"][tokens] = {"total_ms": round(total, 2), "by_kind_ms": {k: round(v, 2) for k, v in by_kind.items()},

@@ -32,6 +32,8 @@ os.environ.setdefault("SPECDEC_PULLED_HOME", str(models_home()))
 PULLED_MODELS = Path(os.environ["SPECDEC_PULLED_HOME"])
 DEFAULT_NAME = "qwen2.5-coder-0.5b"
 PULLED_DEFAULT = installed_path(DEFAULT_NAME, PULLED_MODELS)
+NOT_PULLED = f"{DEFAULT_NAME} is not pulled (specdec models pull {DEFAULT_NAME})"
+needs_pulled_default = pytest.mark.skipif(PULLED_DEFAULT is None, reason=NOT_PULLED)
 os.environ["SPECDEC_HOME"] = tempfile.mkdtemp(prefix="specdec-test-models-")
 atexit.register(shutil.rmtree, os.environ["SPECDEC_HOME"], True)
 
@@ -133,7 +135,7 @@ def pulled_engine():
     from specdec import Engine, load_model
 
     if PULLED_DEFAULT is None:
-        pytest.skip(f"{DEFAULT_NAME} is not pulled (specdec models pull {DEFAULT_NAME})")
+        pytest.skip(NOT_PULLED)
     engine = Engine(load_model(PULLED_DEFAULT, packed=True), None, None, warm_up=False)
     yield engine
     engine.stop()

@@ -5,14 +5,11 @@ import dataclasses
 import sysconfig
 from pathlib import Path
 
-import pytest
-
 from bench.waste import waste
 from specdec_eval.points import sample_points
-from tests.conftest import DEFAULT_NAME, PULLED_DEFAULT
+from tests.conftest import needs_pulled_default
 
-pytestmark = pytest.mark.skipif(PULLED_DEFAULT is None,
-                                reason=f"{DEFAULT_NAME} is not pulled (specdec models pull {DEFAULT_NAME})")
+pytestmark = needs_pulled_default
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from specdec import load_model
-from tests.conftest import DEFAULT_NAME, PULLED_DEFAULT
+from tests.conftest import PULLED_DEFAULT, needs_pulled_default
 
 PATH = PULLED_DEFAULT
-pytestmark = pytest.mark.skipif(PATH is None, reason=f"{DEFAULT_NAME} is not pulled (specdec models pull {DEFAULT_NAME})")
+pytestmark = needs_pulled_default
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 POINT = "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self."
 
