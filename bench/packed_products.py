@@ -1,7 +1,7 @@
 """Where a packed target's products spend their time: each kind of matrix, by tokens a pass.
 
     python -m bench.packed_products [--target FILE.gguf] [--tokens 1,4,8] [--threads 1] [--repeats 5]
-                                    [--out bench/results/packed_products.json]
+                                    [--against OTHER.so] [--out bench/results/packed_products.json]
 
 The target is loaded as it serves (a GGUF packed in 8-bit blocks). Every packed matrix but the
 embedding is multiplied by random activations of n tokens through the native product
@@ -10,6 +10,11 @@ part, with `8bit` added where q goes above 127 (the AVX2 sign-trick path). A rou
 matrices in the model's order, once each, as a step does, so that each comes from memory as it
 does in service (timing one matrix over and over would find it in the CPU's cache); each kind
 keeps its median over `repeats` rounds.
+
+`--against` names another build of the native library (an older `cpu_decode-*.so` from the
+native cache): the rounds then alternate between it and this tree's build, in one process over
+the same matrices, so that both meet the same machine; each gets its own medians, and the report
+gives this build's time over the other's.
 """
 
 import argparse
@@ -38,19 +43,38 @@ def product_millis(lib, matrix, x: torch.Tensor, y: torch.Tensor, kernel: int, t
     return (time.perf_counter() - started) * 1000
 
 
-def products_by_kind(lib, matrices: dict, tokens: int, repeats: int, threads: int) -> dict:
-    """{kind: median over rounds of the kind's summed product time (ms)}."""
+def products_by_kind(libs: list, matrices: dict, tokens: int, repeats: int, threads: int) -> list[dict]:
+    """For each library, {kind: median over rounds of the kind's summed product time (ms)}; the
+    libraries take turns, a round each."""
     kernel = cpu_decode.QKERNELS[cpu_decode.qkernel()]
     buffers = {name: (torch.randn(tokens, m.cols), torch.empty(tokens, m.rows)) for name, m in matrices.items()}
-    rounds = []
+    rounds = [[] for _ in libs]
     for _ in range(repeats):
-        by_kind = {}
-        for name, matrix in matrices.items():
-            kind = kind_of(name, matrix)
-            millis = product_millis(lib, matrix, *buffers[name], kernel, threads)
-            by_kind[kind] = by_kind.get(kind, 0.0) + millis
-        rounds.append(by_kind)
-    return {kind: statistics.median(r[kind] for r in rounds) for kind in sorted(rounds[0])}
+        for lib, kept in zip(libs, rounds, strict=True):
+            by_kind = {}
+            for name, matrix in matrices.items():
+                kind = kind_of(name, matrix)
+                millis = product_millis(lib, matrix, *buffers[name], kernel, threads)
+                by_kind[kind] = by_kind.get(kind, 0.0) + millis
+            kept.append(by_kind)
+    return [{kind: statistics.median(r[kind] for r in kept) for kind in sorted(kept[0])} for kept in rounds]
+
+
+def other_build(path: Path, lib):
+    """Another build of the native library, with the product's signature of this one."""
+    try:
+        other = ctypes.CDLL(str(path))
+    except OSError as error:
+        raise SystemExit(f"--against {path}: {error}") from None
+    other.specdec_qgemm.restype, other.specdec_qgemm.argtypes = lib.specdec_qgemm.restype, lib.specdec_qgemm.argtypes
+    return other
+
+
+def summary(by_kind: dict) -> dict:
+    total = sum(by_kind.values())
+    head = sum(ms for kind, ms in by_kind.items() if kind.startswith("lm_head"))
+    return {"total_ms": round(total, 2), "by_kind_ms": {k: round(v, 2) for k, v in by_kind.items()},
+            "lm_head_share": round(head / total, 3)}
 
 
 def main(argv=None) -> int:
@@ -59,6 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", default="1,4,8")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--against", type=Path, help="another build of the native library, timed in turns")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     target = args.target or default_target()[1]
@@ -66,14 +91,15 @@ def main(argv=None) -> int:
         parser.error("no --target, and the default model is not pulled (specdec models pull)")
     model = load_model(target, packed=True)
     lib = cpu_decode.library()
+    libs = [lib] + ([other_build(args.against, lib)] if args.against else [])
     report = {"command": " ".join(sys.argv), "kernel": cpu_decode.qkernel(), "threads": args.threads, "tokens": {}}
     matrices = {name: m for name, m in model.packed.items() if name != "embed"}
     for tokens in (int(n) for n in args.tokens.split(",")):
-        by_kind = products_by_kind(lib, matrices, tokens, args.repeats, args.threads)
-        total = sum(by_kind.values())
-        head = sum(ms for kind, ms in by_kind.items() if kind.startswith("lm_head"))
-        report["tokens"][tokens] = {"total_ms": round(total, 2), "by_kind_ms": {k: round(v, 2) for k, v in by_kind.items()},
-                                    "lm_head_share": round(head / total, 3)}
+        timed = [summary(by_kind) for by_kind in products_by_kind(libs, matrices, tokens, args.repeats, args.threads)]
+        report["tokens"][tokens] = timed[0]
+        if args.against:
+            report["tokens"][tokens] |= {"against": timed[1],
+                                         "ratio": round(timed[0]["total_ms"] / timed[1]["total_ms"], 3)}
         print(tokens, json.dumps(report["tokens"][tokens]), flush=True)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

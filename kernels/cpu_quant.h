@@ -43,7 +43,8 @@ static int qkernel = QKERNEL_PORTABLE; /* set by specdec_set_qkernel once a prob
 /* Whether AVX2 multiplies the matrix's q - 128 through the sign trick (8-bit q). */
 static int avx2_signs(const QMat *m) { return m->qmax > 127; }
 
-static void quantize_activations(const float *X, int64_t ldx, int64_t n, int64_t cols, int64_t zero, QAct *a) {
+/* The reference quantization; quantize_avx2 gives the same bytes and numbers. */
+static void quantize_portable(const float *X, int64_t ldx, int64_t n, int64_t cols, int64_t zero, QAct *a) {
     const int64_t nb = cols / 32;
     a->cols = cols;
     for (int64_t t = 0; t < n; t++)
@@ -210,6 +211,36 @@ static void qtiles_avx512_vnni(const QMat *m, int64_t T0, int64_t T1, const QAct
 #define AVX2 __attribute__((target("avx2,fma")))
 #define QTOKENS_AVX2 4
 
+/* quantize_portable's numbers, eight values a vector. Its scalar loop called nearbyintf once a
+ * value, which cost about as much as a 16-token tile's products of a narrow matrix; here the
+ * conversion rounds under the same (default, to nearest even) mode, the peak is a maximum and
+ * the sum an integer sum, so nothing depends on the order. */
+AVX2 static void quantize_avx2(const float *X, int64_t ldx, int64_t n, int64_t cols, int64_t zero, QAct *a) {
+    const int64_t nb = cols / 32;
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undoes the packs' lane interleave */
+    a->cols = cols;
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *x = X + t * ldx + b * 32;
+            __m256 v[4], peak8 = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(x + 8 * i), peak8 = _mm256_max_ps(_mm256_and_ps(v[i], magnitude), peak8);
+            __m128 peak4 = _mm_max_ps(_mm256_castps256_ps128(peak8), _mm256_extractf128_ps(peak8, 1));
+            peak4 = _mm_max_ps(peak4, _mm_movehl_ps(peak4, peak4));
+            const float peak = _mm_cvtss_f32(_mm_max_ss(peak4, _mm_movehdup_ps(peak4)));
+            const float d = peak / 127.0f, inverse = d > 0.0f ? 1.0f / d : 0.0f;
+            __m256i q[4];
+            for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inverse)));
+            const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)(a->xq + t * cols + b * 32), _mm256_permutevar8x32_epi32(bytes, in_order));
+            const __m256i sum8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            __m128i sum4 = _mm_add_epi32(_mm256_castsi256_si128(sum8), _mm256_extracti128_si256(sum8, 1));
+            sum4 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0x4e));
+            const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0xb1)));
+            a->dx[t * nb + b] = d, a->start[t * nb + b] = (int32_t)-zero * sum, a->xs[t * nb + b] = d * (float)sum;
+        }
+}
+
 static int64_t qmat_span(const QMat *m) {
     int64_t span = 8;
     while (span > 1 && span * 254 * m->qmax > 32767) span /= 2;
@@ -241,6 +272,9 @@ static inline void avx2_tile(const QMat *m, int64_t T, const QAct *a, int64_t t0
                     const __m256i p1 = _mm256_maddubs_epi16(w1, wide ? _mm256_sign_epi8(xb, signed1) : xb);
                     pairs[j][0] = g == g0 ? p0 : _mm256_add_epi16(pairs[j][0], p0);
                     pairs[j][1] = g == g0 ? p1 : _mm256_add_epi16(pairs[j][1], p1);
+                    /* Holds each sum in its register as it grows: without it gcc hoists all the
+                     * tile's products ahead of their adds and keeps most of them on the stack. */
+                    __asm__("" : "+x"(pairs[j][0]), "+x"(pairs[j][1]));
                 }
             }
             for (int j = 0; j < nt; j++) {
@@ -301,6 +335,15 @@ static void qtiles_avx2(const QMat *m, int64_t T0, int64_t T1, const QAct *a, in
 }
 #endif
 
+/* The vector kernels run on CPUs with AVX2, so their activations are quantized with it. */
+static void quantize_activations(const float *X, int64_t ldx, int64_t n, int64_t cols, int64_t zero, QAct *a,
+                                 int kernel) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (kernel != QKERNEL_PORTABLE) return quantize_avx2(X, ldx, n, cols, zero, a);
+#endif
+    quantize_portable(X, ldx, n, cols, zero, a);
+}
+
 static void qtiles(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t n, float *Y, int64_t ldy,
                    const float *bias, int kernel) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -318,7 +361,7 @@ static int64_t qzero(const QMat *m, int kernel) {
 /* Tiles [T0, T1) of Y = X W^T (+ bias): the activations quantized into `a`, then multiplied. */
 static void qproduct(const QMat *m, const float *X, int64_t ldx, QAct *a, int64_t n, int64_t T0, int64_t T1,
                      float *Y, int64_t ldy, const float *bias, int kernel) {
-    quantize_activations(X, ldx, n, m->cols, qzero(m, kernel), a);
+    quantize_activations(X, ldx, n, m->cols, qzero(m, kernel), a, kernel);
     qtiles(m, T0, T1, a, n, Y, ldy, bias, kernel);
 }
 

@@ -2,6 +2,7 @@
 against floats, and a packed GGUF model against its float reference."""
 
 import ctypes
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -91,9 +92,13 @@ def test_every_kernel_this_cpu_runs_gives_the_portable_kernels_numbers(name):
     x = RNG.standard_normal((7, matrix.cols)).astype(np.float32)  # a pass of 4 tokens and one of 3
     x[0] = np.abs(x[0]) + 1  # activations of one sign: with q at both ends, the sums at their largest
     x[1] = -x[0]
+    x[2] = np.resize(np.arange(-15.5, 16.5), matrix.cols)  # halves, where the rounding mode shows
+    x[2, ::32] = 127.0  # each block's peak: the scale 1, so that the halves stay halves
+    x[3] = 0.0  # blocks with no peak
     portable = _product(matrix, x, cpu_decode.QKERNELS["portable"])
     exact = x @ rows.dequantized().T
-    assert np.abs(portable - exact).max() <= 2e-2 * np.abs(exact).max()  # 8-bit activations
+    rounded = [0, 1, 3, 4, 5, 6]  # the halves all round one way, so their row is only compared between kernels
+    assert np.abs(portable - exact)[rounded].max() <= 2e-2 * np.abs(exact)[rounded].max()  # 8-bit activations
     lib = cpu_decode.library()
     for kernel in ("avx2", "avx512_vnni"):
         code = cpu_decode.QKERNELS[kernel]
@@ -102,6 +107,21 @@ def test_every_kernel_this_cpu_runs_gives_the_portable_kernels_numbers(name):
     in_use = cpu_decode.QKERNELS[cpu_decode.qkernel()]
     one_by_one = np.concatenate([_product(matrix, x[i:i + 1].copy(), in_use) for i in range(len(x))])
     assert np.array_equal(one_by_one, portable)  # a token's row does not depend on its neighbours
+
+
+def _cpu_lists(*flags: str) -> bool:
+    try:
+        listed = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return all(flag in listed for flag in flags)
+
+
+@pytest.mark.skipif(cpu_decode.library() is None or not _cpu_lists("avx2", "fma"), reason="no native step or no AVX2")
+def test_the_avx2_kernel_passes_its_probe_where_the_cpu_has_avx2():
+    """A kernel whose numbers drift from the portable one's is refused by its probe and the
+    engine falls back to portable C: correct, but the test above would then compare nothing."""
+    assert cpu_decode._probe_in_child(cpu_decode.library(), cpu_decode.QKERNELS["avx2"])
 
 
 def test_fused_parts_of_different_zeros_share_one_zero_and_keep_their_values():
