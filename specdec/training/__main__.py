@@ -31,6 +31,7 @@ from specdec.models.loader import load_model, save_model
 from specdec.training.corpus import corpus_summary, load_corpus
 from specdec.training.eagle3 import (
     DRAFT_VOCAB,
+    HEAD_LOGGED,
     TeacherLogits,
     build_head,
     draft_vocabulary,
@@ -148,7 +149,8 @@ def main(argv=None) -> int:
              settings.total_steps, settings.batch_size * settings.seq_len)
     loss_fn = head_loss_fn(teacher, args.device) if args.stage == "head" else None
     done = train(model, lambda step: source.batch(step, settings.batch_size, settings.seq_len), settings,
-                 run_dir, teacher=teacher if distilled else None, loss_fn=loss_fn)
+                 run_dir, teacher=teacher if distilled else None, loss_fn=loss_fn,
+                 logged=HEAD_LOGGED if args.stage == "head" else "loss")
     log.info("%s: %s", run_dir, "finished" if done else "stopped; rerun the same command to resume")
     return 0
 
@@ -205,7 +207,7 @@ def _train_head_on_features(args) -> int:
              sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6, settings.total_steps,
              ", products in bfloat16" if settings.bf16 else "")
     done = train(model, lambda step: store.batch(step, settings.batch_size, settings.seed), settings, run_dir,
-                 loss_fn=head_loss_fn(None, stored=TeacherLogits(teacher, model)))
+                 loss_fn=head_loss_fn(None, stored=TeacherLogits(teacher, model)), logged=HEAD_LOGGED)
     log.info("%s: %s", run_dir, "finished" if done else "stopped; rerun the same command to resume")
     return 0
 

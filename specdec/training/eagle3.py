@@ -230,6 +230,9 @@ def load_head_weights(head: Eagle3Head, path: Path) -> None:
     head.load_state_dict({name: tensors[name].to(own[name].dtype) for name in wanted}, strict=False)
 
 
+HEAD_LOGGED = "agreement"  # the name train() logs head_loss_fn's second value under
+
+
 def head_loss_fn(target, device: str = "cpu", stored: TeacherLogits | None = None):
     """The train() loss for a head: (loss, step-0 agreement) on a batch of rows, the target run
     on each; or, with `stored`, on a FeatureBatch."""

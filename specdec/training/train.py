@@ -110,9 +110,10 @@ def cpu_has_bf16() -> bool:
 
 
 def train(model, batch_at: Callable[[int], list], s: TrainSettings, run_dir: Path, teacher=None,
-          loss_fn=None) -> bool:
+          loss_fn=None, logged: str = "loss") -> bool:
     """Train until the token budget is spent (True) or max_minutes pass (False, resumable).
-    loss_fn(model, batch) -> (total, logged loss); default: next-token loss (+ distillation)."""
+    loss_fn(model, batch) -> (total, logged value); default: next-token loss (+ distillation).
+    logged: the logged value's name in the log (a head's loss_fn gives its agreement, which rises)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(s.seed)
     trained = [p for p in model.parameters() if p.requires_grad]
@@ -138,8 +139,8 @@ def train(model, batch_at: Callable[[int], list], s: TrainSettings, run_dir: Pat
         step += 1
         elapsed += time.time() - started
         if step % 20 == 0 or step == s.total_steps:
-            log.info("step %d/%d loss %.4f lr %.2e tokens %d train %.1f min (%.0f tok/s)", step, s.total_steps,
-                     loss.item(), lr_at(step - 1, s), step * tokens_per_step, elapsed / 60,
+            log.info("step %d/%d %s %.4f lr %.2e tokens %d train %.1f min (%.0f tok/s)", step, s.total_steps,
+                     logged, loss.item(), lr_at(step - 1, s), step * tokens_per_step, elapsed / 60,
                      tokens_per_step / max(1e-9, time.time() - started))
         if time.time() - last_save > s.checkpoint_minutes * 60:
             save_checkpoint(run_dir, model, optimizer, step, elapsed, tokens_per_step)

@@ -144,8 +144,9 @@ def test_a_head_for_a_packed_target_takes_its_embedding_from_the_file_and_drafts
     assert engine.complete(prompt, "", strategy="draft", max_tokens=8, mode="multi").tokens == reference
 
 
-def test_the_cli_trains_measures_and_exports_a_head_on_stored_features(gguf_file, target, tmp_path, capsys):
+def test_the_cli_trains_measures_and_exports_a_head_on_stored_features(gguf_file, target, tmp_path, capsys, caplog):
     import json
+    import logging
     from dataclasses import replace
 
     from specdec.training.__main__ import main
@@ -155,8 +156,11 @@ def test_the_cli_trains_measures_and_exports_a_head_on_stored_features(gguf_file
     store = FeatureStore.open(tmp_path / "runs" / "features", settings)
     extract(target, _rows(16).__getitem__, store, 16)
     common = ["--teacher", str(gguf_file), "--runs", str(tmp_path / "runs"), "--name", "head-q", "--threads", "1"]
+    caplog.set_level(logging.INFO, logger="specdec.training")
     assert main(["head", *common, "--features", str(store.root), "--tokens", str(4 * 2 * LENGTH), "--batch-size", "2",
                  "--draft-vocab", "64"]) == 0
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "step 4/4" in r.getMessage()]
+    assert logged and " agreement " in logged[0] and " loss " not in logged[0]  # a head's log names what rises
     capsys.readouterr()
     assert main(["agreement", *common, "--features", str(store.root), "--rows", "2"]) == 0
     report = json.loads(capsys.readouterr().out)
