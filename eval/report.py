@@ -16,10 +16,13 @@ def write_markdown(results: dict, out: Path, command: str) -> None:
                     f"{s['latency_ms']['p50']:.0f} | {s['latency_ms']['p95']:.0f} | {s['latency_ms']['p99']:.0f} | "
                     f"{s['exact_match']:.2f} | {s['edit_similarity']:.2f} | {s['identical_to_ar']:.2f} | "
                     f"{a.get('trie', 0)}/{a.get('draft', 0)}/{a.get('ngram', 0)}/{a.get('history', 0)}/{a.get('bonus', 0)} |")
-    passes = ["", "## Per target pass", "", "| strategy | tree nodes | distinct experts woken (all layers) |", "| --- | --- | --- |"]
+    passes = ["", "## Per target pass", "",
+              "| strategy | tree nodes | share the draft drafted for | distinct experts woken (all layers) |",
+              "| --- | --- | --- | --- |"]
     for name, s in results["strategies"].items():
         if s.get("per_pass"):
-            passes.append(f"| {name} | {s['per_pass']['tree_nodes']:.1f} | {s['per_pass']['experts_woken']:.1f} |")
+            p = s["per_pass"]
+            passes.append(f"| {name} | {p['tree_nodes']:.1f} | {p.get('drafted', 0.0):.2f} | {p['experts_woken']:.1f} |")
     modes = ["", "## By mode", "", "| strategy | mode | points | tau | speedup | p50 ms | p95 ms |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, s in results["strategies"].items():
         for mode, m in s.get("by_mode", {}).items():

@@ -138,7 +138,8 @@ def _record(point: Point, result) -> dict:
             "truth": point.truth, "ms": s.total_ms, "decode_ms": s.decode_ms, "passes": s.target_passes,
             "generated": s.generated_tokens, "accepted_by_source": dict(s.accepted_by_source),
             "prefill_tokens": s.prefill_tokens, "stop_reason": s.stop_reason,
-            "tree_nodes": s.tree_nodes, "experts_woken": s.experts_woken, "context_chunks": s.context_chunks, "context_tokens": s.context_tokens, "retrieval_ms": s.retrieval_ms}
+            "tree_nodes": s.tree_nodes, "draft_steps": s.draft_steps, "experts_woken": s.experts_woken,
+            "context_chunks": s.context_chunks, "context_tokens": s.context_tokens, "retrieval_ms": s.retrieval_ms}
 
 
 def summarize(records: dict) -> dict:
@@ -170,7 +171,8 @@ def summarize(records: dict) -> dict:
             "by_mode": _by_mode(rows, reference),
             "context": _context_summary(rows),
             "per_pass": {"tree_nodes": sum(r.get("tree_nodes", 0) for r in rows) / passes if passes else 0.0,
-                         "experts_woken": sum(r.get("experts_woken", 0) for r in rows) / passes if passes else 0.0},
+                         "experts_woken": sum(r.get("experts_woken", 0) for r in rows) / passes if passes else 0.0,
+                         "drafted": sum(r.get("draft_steps", 0) for r in rows) / passes if passes else 0.0},
         }
     return out
 

@@ -112,6 +112,16 @@ def branch_paths(tokens: list, probs: list, alternatives) -> list[tuple[list, li
             for depth, found in enumerate(alternatives) if depth <= len(tokens) for token, prob in found]
 
 
+def extends(token: int, cumulative: float, min_prob: float, stop_ids) -> bool:
+    """Whether a chain drafts past `token`. A token whose distribution is computed costs only its
+    tree node, so a chain keeps it down to its node's price (keep_prob); another draft forward
+    pays only while the chain's chance so far (a bound on the next token's) is above min_prob,
+    which adds that forward's cost. A single floor for both threw away, at the first depth, the
+    token of every chain whose first forward had already been paid. A stop token is worth
+    proposing (the target may end there too) but not extending."""
+    return cumulative >= min_prob and token not in stop_ids
+
+
 class DraftRunner:
     """Keeps the draft model's KV cache in step with one sequence and drafts greedy chains."""
 
@@ -143,10 +153,15 @@ class DraftRunner:
         self.cache.truncate(common)
         self.synced = self.synced[:common]
 
-    def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
+    def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=(),
+              keep_prob: float | None = None):
         """Greedy draft tokens after `committed` with the cumulative probability of each, and in
         self.alternatives the runner-ups [(token, prob)] at each depth: one-token branches that
-        cost no extra forward, since each depth's distribution is computed for the chain anyway."""
+        cost no extra forward, since each depth's distribution is computed for the chain anyway.
+        min_prob: the chance below which another draft forward does not pay; keep_prob (default
+        min_prob): the lower one at which a token already computed still pays for its tree node
+        (see keeps)."""
+        keep = min_prob if keep_prob is None else min(keep_prob, min_prob)
         self._rewind(committed)  # the last committed token is fed below
         feed = committed[len(self.synced) :]
         tokens, probs, p = [], [], 1.0
@@ -162,13 +177,13 @@ class DraftRunner:
                 logits = masked
             prob = torch.softmax(logits, dim=-1)
             token = int(torch.argmax(prob))
-            self.alternatives.append(runner_ups(prob, token, p, min_prob, stop_ids))
+            self.alternatives.append(runner_ups(prob, token, p, keep, stop_ids))
             p *= float(prob[token])
-            if p < min_prob:
+            if p < keep:
                 break
             tokens.append(token)
             probs.append(p)
-            if token in stop_ids:  # worth proposing (the target may end here too), not extending
+            if not extends(token, p, min_prob, stop_ids):
                 break
             feed = [token]
         return tokens, probs
@@ -268,32 +283,37 @@ class EagleRunner:
         self.synced = end
 
     @under_inference_mode
-    def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=()):
+    def chain(self, committed: list[int], max_depth: int, min_prob: float, allowed_first=None, stop_ids=(),
+              keep_prob: float | None = None):
         """Greedy target-vocabulary tokens after `committed` with their cumulative probabilities,
         and the runner-ups at each depth in self.alternatives, as DraftRunner.chain gives them."""
         self.alternatives = []
+        keep = min_prob if keep_prob is None else min(keep_prob, min_prob)
         usable = self._usable(committed)
         if usable <= 0:
             return [], []
-        self.sync(committed)
         self.synced = min(self.synced, usable - 1)  # the last pair is fed here, for its logits
         self.cache.truncate(self.synced)
         p = torch.arange(self.synced, usable)
-        logits, hidden = self.head(torch.tensor(committed[self.synced + 1 : usable + 1]), self.features[p], p + 1,
+        # Every pair not fed yet in one forward, the LM head on the last row alone: after a
+        # verify pass a row or two wait, and feeding them apart (sync, then the last pair for its
+        # logits) paid the head's fixed cost per forward twice.
+        hidden = self.head.advance(torch.tensor(committed[self.synced + 1 : usable + 1]), self.features[p], p + 1,
                                    self.cache)
+        logits = self.head.logits(hidden[-1:])
         self.synced = usable
         tokens, probs, cumulative = [], [], 1.0
         for depth in range(max_depth):
             prob = torch.softmax(self._restricted(logits[-1], allowed_first if depth == 0 else None), dim=-1)
             best = int(prob.argmax())
             token = int(self.head.to_target(torch.tensor(best)))
-            self.alternatives.append(runner_ups(prob, best, cumulative, min_prob, stop_ids, to_target=self.head.to_target))
+            self.alternatives.append(runner_ups(prob, best, cumulative, keep, stop_ids, to_target=self.head.to_target))
             cumulative *= float(prob[best])
-            if cumulative < min_prob:
+            if cumulative < keep:
                 break
             tokens.append(token)
             probs.append(cumulative)
-            if token in stop_ids or depth + 1 == max_depth:
+            if not extends(token, cumulative, min_prob, stop_ids) or depth + 1 == max_depth:
                 break
             position = torch.tensor([usable + 1 + depth])
             logits, hidden = self.head(torch.tensor([token]), hidden[-1:], position, self.cache, fused=True)

@@ -45,7 +45,9 @@ def propose(g: Generation, ctx: DecodeContext, riding: int = 0) -> TokenTree:
     drafts = g.eagle is not None or g.draft is not None
     along = ctx.adaptive and (drafts or not policy_says) and _along_a_suggestion(g, ctx)
     g.speculating = sources.speculates and (policy_says or along)
-    paths = _paths(g, ctx, document_policy.acceptance, draft=not along) if g.speculating else _long_repeats(g, ctx)
+    drafting = g.speculating and drafts and not along  # along a suggestion the draft sits out (see _paths)
+    g.stats.draft_steps += int(drafting)
+    paths = _paths(g, ctx, document_policy.acceptance, draft=drafting) if g.speculating else _long_repeats(g, ctx)
     g.repeat_only = not g.speculating and bool(paths)
     if not g.speculating and not paths:
         return tree
@@ -108,15 +110,18 @@ def _paths(g: Generation, ctx: DecodeContext, acceptance, draft: bool = True) ->
     if drafter is not None and draft:
         if drafter is g.draft:
             _catch_up(g)
-        # A draft token must pay for its draft forward and for its place in the tree, both: its
-        # acceptance chance times a target step must beat the two costs together. When
+        # Another draft forward must pay for itself and for its token's place in the tree, both:
+        # the chain's chance times a target step must beat the two costs together. A token whose
+        # forward is already paid needs only to pay for its node (drafting.extends). When
         # speculation is forced, costs are no concern, and the draft drafts while it is not guessing.
-        floor = FORCED_DRAFT_FLOOR
+        floor, keep = FORCED_DRAFT_FLOOR, None
         if ctx.adaptive:
-            floor = ctx.draft_min_prob + min_useful_prob(ctx.verify_cost, g.riding)
-            floor /= acceptance.draft_scale
+            node = min_useful_prob(ctx.verify_cost, g.riding)
+            floor = (ctx.draft_min_prob + node) / acceptance.draft_scale
+            keep = node / acceptance.draft_scale
         first = g.healing.allowed if g.healing_pending else None
-        tokens, probs = drafter.chain(g.committed, ctx.draft_depth, min(0.95, floor), first, ctx.prompts.stop_ids)
+        tokens, probs = drafter.chain(g.committed, ctx.draft_depth, min(0.95, floor), first, ctx.prompts.stop_ids,
+                                      keep_prob=keep)
         scale = acceptance.draft_scale
         paths.append(DraftPath("draft", tokens, [p * scale for p in probs]))
         paths += [DraftPath("draft", branch, [p * scale for p in branch_probs])

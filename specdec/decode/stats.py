@@ -30,6 +30,7 @@ class Stats(Mapping):
     stop_reason: str = "none"  # eos, newline, dedent, suffix, repeat, word, limit, time, busy, cancelled, superseded, error
     stop_word: str = ""  # the stop string that matched, when stop_reason is "word"
     tree_nodes: int = 0  # speculated nodes verified, all passes together
+    draft_steps: int = 0  # passes whose tree the draft model or EAGLE-3 head drafted for
     experts_woken: int = 0  # distinct experts of the passes this request rode in, over layers and passes
     context_chunks: int = 0  # repository chunks in the prompt (retrieved and the client's)
     context_tokens: int = 0

@@ -149,7 +149,11 @@ class Eagle3Head(nn.Module):
         """next_tokens [N], features [N, 3H_t] (fused=False: the target's) or [N, H] (the head's own
         output), positions [N] -> (draft-vocabulary logits [N, V_d], the head's output [N, H])."""
         h = self.advance(next_tokens, features, positions, cache, fused)
-        return self.lm_head(self.norm(h)).float(), h
+        return self.logits(h), h
+
+    def logits(self, h):
+        """The head's output [N, H] -> draft-vocabulary logits [N, V_d]."""
+        return self.lm_head(self.norm(h)).float()
 
     @under_inference_mode
     def advance(self, next_tokens, features, positions, cache: KVCache, fused: bool = False):

@@ -117,26 +117,32 @@ def _head_and_prompt_features(tmp_path, tiny_models):
     return head, ids, features
 
 
+def _counting_advance(head, fed: list):
+    original = head.advance
+    head.advance = lambda tokens, *args, **kwargs: fed.append(len(tokens)) or original(tokens, *args, **kwargs)
+
+
 def test_a_head_synced_chunk_by_chunk_drafts_as_one_caught_up_in_its_chain(tmp_path, tiny_models):
     """sync() feeds all pairs but the last, as a prefill's chunks arrive; chain() then feeds one
-    row and drafts what a cold runner that feeds the whole prompt in its chain drafts."""
+    row and drafts what a cold runner drafts, which feeds the whole prompt in its chain's first
+    forward (one forward: the head's fixed cost per forward is paid once)."""
     head, ids, features = _head_and_prompt_features(tmp_path, tiny_models)
-    cold = EagleRunner(head, features.clone())
-    expected, expected_probs = cold.chain(ids, 4, 0.0)
-    synced = EagleRunner(head)
-    for start in range(0, len(ids), 5):  # the prompt's chunks, features arriving with them
-        synced.extend(features[start : start + 5])
-        synced.sync(ids)
-        assert synced.synced == min(start + 5, len(ids) - 1) - 1 and synced.cache.length == synced.synced
-    fed = []
-    original = head.forward
-    head.forward = lambda tokens, *args, **kwargs: fed.append(len(tokens)) or original(tokens, *args, **kwargs)
+    cold, fed = EagleRunner(head, features.clone()), []
+    _counting_advance(head, fed)
     try:
+        expected, expected_probs = cold.chain(ids, 4, 0.0)
+        assert fed == [len(ids) - 1, 1, 1, 1]
+        synced = EagleRunner(head)
+        for start in range(0, len(ids), 5):  # the prompt's chunks, features arriving with them
+            synced.extend(features[start : start + 5])
+            synced.sync(ids)
+            assert synced.synced == min(start + 5, len(ids) - 1) - 1 and synced.cache.length == synced.synced
+        fed.clear()
         tokens, probs = synced.chain(ids, 4, 0.0)
     finally:
-        del head.forward
+        del head.advance
     assert tokens == expected and len(tokens) == 4 and probs == pytest.approx(expected_probs, abs=1e-5)
-    assert fed[0] == 1 and synced.synced == cold.synced == len(ids) - 1
+    assert fed == [1, 1, 1, 1] and synced.synced == cold.synced == len(ids) - 1
     again, _ = synced.chain(ids, 4, 0.0)  # nothing new: the last pair is fed again, not skipped
     assert again == expected
 
@@ -165,3 +171,33 @@ def test_a_heads_drafting_step_is_timed_and_prices_its_tokens(tmp_path, tiny_mod
     monkeypatch.setattr(specdec.engine, "head_step_millis", lambda h: 0.3 * engine.verify_cost(1))
     fresh.warm_up()
     assert fresh.draft_min_prob == pytest.approx(0.3)
+
+
+@torch.inference_mode()
+def test_a_chain_keeps_a_paid_token_down_to_its_node_price_without_drafting_further(tmp_path, tiny_models):
+    """A token whose forward is paid is kept while its chance is above keep_prob (its tree
+    node's price); another forward runs only above min_prob. A floor of 1.0 alone keeps nothing."""
+    draft = load_model(tiny_models[1])
+    committed = draft.tokenizer.encode("def add(a, b):\n    return a").ids
+    forwards, original = [], draft.forward
+    draft.forward = lambda *args, **kwargs: forwards.append(1) or original(*args, **kwargs)
+    try:
+        assert DraftRunner(draft).chain(committed, 4, min_prob=1.0) == ([], [])
+        forwards.clear()
+        tokens, probs = DraftRunner(draft).chain(committed, 4, min_prob=1.0, keep_prob=0.0)
+    finally:
+        del draft.forward
+    assert len(tokens) == 1 and len(forwards) == 1 and 0.0 < probs[0] < 1.0
+    longer, _ = DraftRunner(draft).chain(committed, 4, min_prob=0.0)
+    assert longer[0] == tokens[0] and len(longer) == 4
+
+    head, ids, features = _head_and_prompt_features(tmp_path, tiny_models)
+    assert EagleRunner(head, features.clone()).chain(ids, 4, 1.0) == ([], [])
+    fed = []
+    _counting_advance(head, fed)
+    try:
+        tokens, probs = EagleRunner(head, features.clone()).chain(ids, 4, 1.0, keep_prob=0.0)
+    finally:
+        del head.advance
+    assert len(tokens) == 1 and fed == [len(ids) - 1]
+    assert tokens[0] == EagleRunner(head, features.clone()).chain(ids, 4, 0.0)[0][0]

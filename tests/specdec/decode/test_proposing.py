@@ -78,21 +78,36 @@ def test_the_draft_sits_out_the_steps_that_run_along_a_suggestion(tiny_models, m
 
 
 def test_a_draft_token_must_pay_for_its_draft_step_and_its_tree_node_together(tiny_models, monkeypatch):
-    """The adaptive floor of a draft token's chance is the draft step's cost plus the verify
-    cost of one more tree node, both over a target step: either alone let chains grow that cost
-    more than they won."""
+    """The adaptive floor of a chain's chance for another draft forward is the draft step's cost
+    plus the verify cost of one more tree node, both over a target step: either alone let chains
+    grow that cost more than they won. A token whose forward is paid keeps the node's alone."""
     from specdec import Engine, load_model
-    from specdec.decode.budget import min_useful_prob
+    from specdec.decode.budget import VerifyCost, min_useful_prob
     from specdec.decode.drafting import DraftRunner
 
-    asked, chain = [], DraftRunner.chain
+    asked, kept, chain = [], [], DraftRunner.chain
     monkeypatch.setattr(DraftRunner, "chain", lambda self, committed, depth, floor, *a, **k:
-                        asked.append(floor) or chain(self, committed, depth, floor, *a, **k))
+                        asked.append(floor) or kept.append(k["keep_prob"]) or chain(self, committed, depth, floor, *a, **k))
     engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]))
     engine.draft_min_prob = 0.2
+    engine.verify_cost = VerifyCost((1, 2, 4), (10.0, 11.0, 13.0))  # one more node: a tenth of a step
     policy = engine.policies.prior
     # Both as the first step sees them: served forwards re-measure the cost curve afterwards.
-    expected = (0.2 + min_useful_prob(engine.verify_cost)) / policy.acceptance.draft_scale
+    node = min_useful_prob(engine.verify_cost) / policy.acceptance.draft_scale
+    expected = 0.2 / policy.acceptance.draft_scale + node
     engine.complete("def add(a, b):\n    return", "", strategy="draft", max_tokens=4, mode="multi")
     assert asked
     assert asked[0] == pytest.approx(min(0.95, expected))
+    # a token whose forward is paid needs only to pay for its node
+    assert kept[0] == pytest.approx(node) and node < asked[0]
+
+
+def test_draft_steps_count_the_passes_the_draft_drafted_for(tiny_models):
+    from specdec import Engine, load_model
+
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]), adaptive=False)
+    result = engine.complete("def add(a, b):\n    return", "", strategy="hybrid", max_tokens=6, mode="multi",
+                             document="doc.py")
+    assert result.stats.draft_steps == result.stats.target_passes > 0  # forced: the draft drafts at every step
+    plain = engine.complete("def add(a, b):\n    return", "", strategy="trie", max_tokens=6, mode="multi")
+    assert plain.stats.draft_steps == 0 and plain.stats.target_passes > 0
