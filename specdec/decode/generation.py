@@ -50,9 +50,8 @@ class Generation:
         self.output = Output(rules_for(options.prefix, options.suffix, options.mode, options.n_indent, options.stop),
                              TextStream(ctx.prompts.tokenizer, ctx.prompts.token_bytes))
         self.max_tokens = options.max_tokens  # the scheduler may cap it under load (cap_tokens)
-        self.speculating = False
+        self.draft_chosen = self.drafting = False  # whether the policy chose this step's drafting, and what
         self.riding, self.speed_key = 0, speed_key(options.strategy, False)  # this step's company (see propose)
-        self.repeat_only = False  # this step's tree holds only a long repeat (see _long_repeats)
         self.catch_up_ms = 0.0  # of this step's proposing, spent bringing the draft's cache up to the prompt
         self.stats = Stats()
         self.started = time.perf_counter()

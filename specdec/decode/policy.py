@@ -1,5 +1,6 @@
 """What speculation is worth, learned per document: acceptance of each source and the speed of
-speculative against plain steps.
+speculative against plain steps. For a strategy with a draft model or head, a "spec" step is one
+the draft drafted for and a "plain" one has the lookups' tree alone (proposing._draft_decision).
 
 Each document (an editor buffer) has its own SpeculationPolicy, so that one user's code does not
 price another's tree. A document seen for the first time starts from the global prior, which

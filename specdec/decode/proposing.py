@@ -2,10 +2,11 @@
 
 A request's strategy (options.Strategy) names its sources: the repository's prefix cache, the
 document's earlier suggestions and the text's own repeats, n-grams, and the draft model or
-EAGLE-3 head. The adaptive engine speculates when the document's measured speeds say it pays
-(policy.SpeculationPolicy), and always while the text runs along an earlier suggestion; each
-source's paths (drafting.DraftPath) are merged into one TokenTree, cut to what the stop rules and
-the token limit leave usable and grown within the verify budget (budget.grow_tree).
+EAGLE-3 head. The lookups propose at every step; the adaptive engine runs the draft when the
+document's measured speeds say it pays (policy.SpeculationPolicy), and not while the text runs
+along an earlier suggestion. Each source's paths (drafting.DraftPath) are merged into one
+TokenTree, cut to what the stop rules and the token limit leave usable and grown within the
+verify budget (budget.grow_tree).
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ from typing import TYPE_CHECKING
 from specdec.decode.budget import grow_tree, min_useful_prob
 from specdec.decode.decoding import DecodeContext
 from specdec.decode.drafting import DraftPath, branch_paths, cut_after, head, history_paths, ngram_paths, trie_paths
-from specdec.decode.history import MATCH_LENGTHS, SELF_SEARCH_CHARS
+from specdec.decode.history import SELF_SEARCH_CHARS
 from specdec.decode.policy import PolicyPair, learn_acceptance, learn_draft, speed_key
 from specdec.decode.tree import TokenTree
 
 if TYPE_CHECKING:
     from specdec.decode.generation import Generation
-
-REPEAT_SEARCH_CHARS = 4_000  # of the text searched for a long repeat on a plain step (see _long_repeats)
 
 # Forced speculation (Engine(adaptive=False), eval --always-speculate) measures the sources'
 # acceptance apart from the hardware, so the draft's floor there is a confidence, not the
@@ -35,21 +34,14 @@ def propose(g: Generation, ctx: DecodeContext, riding: int = 0) -> TokenTree:
     """The token tree of g's next step: the sources' paths, grown within the verify budget.
     riding: tokens of other requests in this step's forward (see grow_tree); a batched step's
     speeds are learned apart from a lone one's, since its trees cost the step less."""
-    sources = g.options.sources
     tree = TokenTree(g.committed[-1])
     g.catch_up_ms = 0.0
     g.riding = riding
     g.speed_key = speed_key(g.options.strategy, riding > 0)
-    document_policy = g.policies.document
-    policy_says = not ctx.adaptive or document_policy.should_speculate(g.speed_key)
-    drafts = g.eagle is not None or g.draft is not None
-    along = ctx.adaptive and (drafts or not policy_says) and _along_a_suggestion(g, ctx)
-    g.speculating = sources.speculates and (policy_says or along)
-    drafting = g.speculating and drafts and not along  # along a suggestion the draft sits out (see _paths)
-    g.stats.draft_steps += int(drafting)
-    paths = _paths(g, ctx, document_policy.acceptance, draft=drafting) if g.speculating else _long_repeats(g, ctx)
-    g.repeat_only = not g.speculating and bool(paths)
-    if not g.speculating and not paths:
+    g.draft_chosen, g.drafting = _draft_decision(g, ctx)
+    g.stats.draft_steps += int(g.drafting)
+    paths = _paths(g, ctx, g.policies.document.acceptance, draft=g.drafting)
+    if not paths:
         return tree
     if g.healing_pending:
         paths = [p for p in paths if p.tokens and g.healing.allows(p.tokens[0])]
@@ -62,35 +54,39 @@ def propose(g: Generation, ctx: DecodeContext, riding: int = 0) -> TokenTree:
     return tree
 
 
+def _draft_decision(g: Generation, ctx: DecodeContext) -> tuple[bool, bool]:
+    """(whether the policy chose, whether the draft model or head drafts this step).
+
+    The lookups (trie, history, n-grams) propose at every step: they cost a small part of a
+    step, and grow_tree prices each of their nodes by its learned acceptance and the measured
+    verify cost, so a step where they find nothing is a plain step. What the measured speeds
+    decide is the draft, whose forwards cost a real share of a step: steps with it against
+    steps without it, per document. Gating the lookups on measured speeds too let a stretch of
+    code where they found nothing (speculating steps that cost a plain step and their lookups)
+    turn them off for the stretches after it, where they would have paid (docs/findings.md)."""
+    drafts = g.options.sources.draft and (g.eagle is not None or g.draft is not None)
+    if not drafts:
+        return False, False
+    if not ctx.adaptive:
+        return False, True
+    if _along_a_suggestion(g, ctx):  # the suggestion's rest is the tree (see _paths)
+        return False, False
+    return True, g.policies.document.should_speculate(g.speed_key)
+
+
 def _along_a_suggestion(g: Generation, ctx: DecodeContext) -> bool:
-    """Speculate, whatever the measured speeds say, while the text runs along an earlier
-    suggestion of this document: then whole lines are accepted at once, which periodic
-    exploration alone would find too late."""
+    """Whether the text runs along an earlier suggestion of this document: then the suggestion's
+    rest is accepted whole lines at a time, and a draft's chain there mostly proposes it again."""
     return g.options.sources.history and ctx.history.typing_along(g.options.document, g.options.prefix, g.text)
 
 
-def _long_repeats(g: Generation, ctx: DecodeContext) -> list[DraftPath]:
-    """On a step the policy decodes plainly, a strategy with the history source still offers
-    what followed a long tail match (MATCH_LENGTHS[:2], 48 or 24 characters) in the document's
-    suggestions or earlier in its own text: a string search costs microseconds, where the trie
-    and the draft cost a good part of a step. It catches a completion that repeats what it or the
-    file already wrote (a run of `str, str, ...` to the token limit), which the measured speeds
-    would leave plain; the tree is still cut to what its priced acceptance pays for. Shorter
-    tails matched too often to pay. The text is searched only REPEAT_SEARCH_CHARS back: the
-    search runs at every plain step, and the repeats it finds lie within a few hundred characters."""
-    if not g.options.sources.history:
-        return []
-    return _history_paths(g, ctx, g.policies.document.acceptance, MATCH_LENGTHS[:2], REPEAT_SEARCH_CHARS)
-
-
-def _history_paths(g: Generation, ctx: DecodeContext, acceptance, lengths=None,
-                   search_chars: int = SELF_SEARCH_CHARS) -> list[DraftPath]:
+def _history_paths(g: Generation, ctx: DecodeContext, acceptance) -> list[DraftPath]:
     """The suggestion history's paths after the text so far (tail lengths: MATCH_LENGTHS),
-    the text itself searched `search_chars` back and the text after the cursor as far forward."""
+    the text itself searched SELF_SEARCH_CHARS back and the text after the cursor as far forward."""
     # Only what the search reads: a prefix is often the whole file, copied at every step.
-    searched = g.options.prefix[-search_chars - 1 :] + g.text
+    searched = g.options.prefix[-SELF_SEARCH_CHARS - 1 :] + g.text
     return history_paths(ctx.history, g.options.document, searched, ctx.prompts.encode, g.healing_left, acceptance,
-                         lengths=lengths, after=g.options.suffix[:search_chars])
+                         after=g.options.suffix[:SELF_SEARCH_CHARS])
 
 
 def _paths(g: Generation, ctx: DecodeContext, acceptance, draft: bool = True) -> list[DraftPath]:

@@ -221,8 +221,8 @@ class Scheduler:
             share = elapsed / len(trees)
             proposing_ms = list(proposing_ms) or [0.0] * len(trees)
             for (g, _), count, own_ms in zip(trees, added, proposing_ms, strict=True):
-                if g.options.sources.speculates and not g.repeat_only:  # not a choice the policy made
-                    learn_step(g.policies, g.speed_key, g.speculating, share + own_ms, count)
+                if g.draft_chosen:  # steps with the draft against steps without it (proposing._draft_decision)
+                    learn_step(g.policies, g.speed_key, g.drafting, share + own_ms, count)
 
     def _background_step(self) -> None:
         """One pass of the next prefetch job (Prefetcher.next_runnable), run only when no request waits:

@@ -111,3 +111,56 @@ def test_draft_steps_count_the_passes_the_draft_drafted_for(tiny_models):
     assert result.stats.draft_steps == result.stats.target_passes > 0  # forced: the draft drafts at every step
     plain = engine.complete("def add(a, b):\n    return", "", strategy="trie", max_tokens=6, mode="multi")
     assert plain.stats.draft_steps == 0 and plain.stats.target_passes > 0
+
+
+def _seed_speeds(policy, key: str, faster: str, steps: int = 8) -> None:
+    """Measured speeds as if `steps` steps of each kind had run, the `faster` kind ten times faster."""
+    for _ in range(steps):
+        policy.record_step(key, True, 1.0 if faster == "spec" else 10.0, 1)
+        policy.record_step(key, False, 1.0 if faster == "plain" else 10.0, 1)
+
+
+REPEATING = "value = compute(alpha, beta)\nresult = value + 1\n" * 3 + "value = comp"
+
+
+def test_the_lookups_propose_at_every_step_whatever_the_measured_speeds(tiny_models, monkeypatch):
+    """Without a draft, speculating steps measured ten times slower than plain ones do not turn
+    the lookups off: each step's tree is priced node by node, and the tokens are the target's.
+    The text's tail repeats only 12 characters (what a plain step once searched for was 24 or
+    more), so only a full lookup proposes here."""
+    from specdec import Engine, load_model
+    from specdec.decode import proposing
+
+    engine = Engine(load_model(tiny_models[0]))
+    prefix = "z = 1\nalpha_beta(gamma, delta)\nprint(1)\nalpha_beta("
+    reference = engine.complete(prefix, "", strategy="ar", max_tokens=12, mode="multi")
+    _seed_speeds(engine.policies.for_document("doc.py"), "hybrid", faster="plain")
+    offered, paths = [], proposing._paths
+    monkeypatch.setattr(proposing, "_paths", lambda g, ctx, acceptance, draft=True:
+                        offered.append(draft) or paths(g, ctx, acceptance, draft=draft))
+    result = engine.complete(prefix, "", strategy="hybrid", max_tokens=12, mode="multi", document="doc.py")
+    assert result.tokens == reference.tokens
+    assert offered and not any(offered) and len(offered) == result.stats.target_passes
+    assert result.stats.tree_nodes > 0 and result.stats.draft_steps == 0
+
+
+@pytest.mark.parametrize("draft_pays", [False, True])
+def test_the_draft_drafts_where_steps_with_it_measured_faster(tiny_models, monkeypatch, draft_pays):
+    """With a draft, the measured speeds choose between steps with the draft and steps with the
+    lookups alone; either way the lookups propose and the tokens are the target's. The steps
+    served are learned into the same speeds."""
+    from specdec import Engine, load_model
+    from specdec.decode.drafting import DraftRunner
+
+    chains, chain = [], DraftRunner.chain
+    monkeypatch.setattr(DraftRunner, "chain", lambda self, *a, **k: chains.append(1) or chain(self, *a, **k))
+    engine = Engine(load_model(tiny_models[0]), load_model(tiny_models[1]))
+    reference = engine.complete(REPEATING, "", strategy="ar", max_tokens=12, mode="multi")
+    policy = engine.policies.for_document("doc.py")
+    _seed_speeds(policy, "hybrid", faster="spec" if draft_pays else "plain")
+    chains.clear()
+    result = engine.complete(REPEATING, "", strategy="hybrid", max_tokens=12, mode="multi", document="doc.py")
+    assert result.tokens == reference.tokens and result.stats.tree_nodes > 0
+    passes = result.stats.target_passes
+    assert result.stats.draft_steps == len(chains) == (passes if draft_pays else 0), (len(chains), passes)
+    assert policy.samples["hybrid"]["spec" if draft_pays else "plain"] == 8 + passes
