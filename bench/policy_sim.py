@@ -54,7 +54,7 @@ def log_positions(forced, plain, index, points, max_tokens: int = 64) -> list[di
     Generation = generation.Generation
     saved = proposing._paths, proposing.grow_tree, Generation.commit
 
-    def every_source(self, ctx, acceptance):
+    def every_source(self, ctx, acceptance, draft=True):  # every source, whatever the step would draft
         current.clear()
         current["position"] = len(self.generated)
         healed = self.healing_left
@@ -108,9 +108,9 @@ def log_positions(forced, plain, index, points, max_tokens: int = 64) -> list[di
 
 
 def served_step_ms(plain, adaptive, index, points, max_tokens: int = 64) -> dict:
-    """{tree size: (median ms of a whole scheduler step, steps)}: size 1 from `ar`'s plain
-    steps, larger sizes from adaptive hybrid's trees of long repeats (found by a string search,
-    so the step is the tree's own cost); the two engines alternate point by point."""
+    """{tree size: (median ms of a whole scheduler step less its proposing, steps)}: size 1 from
+    `ar`'s plain steps, larger sizes from adaptive hybrid's steps that did not draft (the
+    lookups' trees); the two engines alternate point by point."""
     from specdec.decode import generation, scheduler
     from specdec_eval.runner import prepare_point
 
@@ -119,19 +119,21 @@ def served_step_ms(plain, adaptive, index, points, max_tokens: int = 64) -> dict
     saved = Generation.propose, Scheduler.step
 
     def sized(self, riding=0):
+        started = time.perf_counter()
         tree = saved[0](self, riding)
-        current["size"], current["plain"], current["speculating"] = len(tree), not self.options.sources.speculates, \
-            self.speculating
+        current["size"], current["plain"], current["drafting"] = len(tree), not self.options.sources.speculates, \
+            self.drafting
+        current["proposing_ms"] = _since(started)
         return tree
 
     def timed(self):
         current.clear()
         started = time.perf_counter()
         saved[1](self)
-        # ar's plain steps, and hybrid's trees of long repeats alone: a speculating step's
-        # proposing (trie lookups, draft forwards) is charged apart by the replay
-        if "size" in current and not current["speculating"] and current["plain"] == (current["size"] == 1):
-            times[current["size"]].append(_since(started))
+        # ar's plain steps, and hybrid's trees of the lookups alone, less their proposing: the
+        # replay charges a step's proposing (trie lookups, draft forwards) apart
+        if "size" in current and not current["drafting"] and current["plain"] == (current["size"] == 1):
+            times[current["size"]].append(_since(started) - current["proposing_ms"])
 
     Generation.propose, Scheduler.step = sized, timed
     try:
@@ -363,7 +365,7 @@ def gated(table: AcceptanceTable, history=("history:48", "history:24"), trie_fir
 def policies(table: AcceptanceTable) -> dict:
     twelve = ("history:48", "history:24", "history:12")
     return {
-        "repeats 48/24 (the engine's plain steps)": gated(table),
+        "repeats 48/24 (the engine's plain steps before 0c72c6c)": gated(table),
         "repeats 48/24/12": gated(table, twelve),
         "repeats 48/24/12, trie at the first step": gated(table, twelve, trie_first=True),
         "repeats, first-step trie, and the draft where the target was sure (0.99)": gated(table, twelve, True, True, draft_when=0.99),

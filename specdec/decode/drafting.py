@@ -112,6 +112,12 @@ def branch_paths(tokens: list, probs: list, alternatives) -> list[tuple[list, li
             for depth, found in enumerate(alternatives) if depth <= len(tokens) for token, prob in found]
 
 
+def keep_floor(min_prob: float, keep_prob: float | None) -> float:
+    """The chance down to which a chain keeps a token it has computed (see extends): keep_prob,
+    never above min_prob; min_prob itself when none is given."""
+    return min_prob if keep_prob is None else min(keep_prob, min_prob)
+
+
 def extends(token: int, cumulative: float, min_prob: float, stop_ids) -> bool:
     """Whether a chain drafts past `token`. A token whose distribution is computed costs only its
     tree node, so a chain keeps it down to its node's price (keep_prob); another draft forward
@@ -160,8 +166,8 @@ class DraftRunner:
         cost no extra forward, since each depth's distribution is computed for the chain anyway.
         min_prob: the chance below which another draft forward does not pay; keep_prob (default
         min_prob): the lower one at which a token already computed still pays for its tree node
-        (see keeps)."""
-        keep = min_prob if keep_prob is None else min(keep_prob, min_prob)
+        (see extends)."""
+        keep = keep_floor(min_prob, keep_prob)
         self._rewind(committed)  # the last committed token is fed below
         feed = committed[len(self.synced) :]
         tokens, probs, p = [], [], 1.0
@@ -288,7 +294,7 @@ class EagleRunner:
         """Greedy target-vocabulary tokens after `committed` with their cumulative probabilities,
         and the runner-ups at each depth in self.alternatives, as DraftRunner.chain gives them."""
         self.alternatives = []
-        keep = min_prob if keep_prob is None else min(keep_prob, min_prob)
+        keep = keep_floor(min_prob, keep_prob)
         usable = self._usable(committed)
         if usable <= 0:
             return [], []

@@ -38,6 +38,8 @@ def propose(g: Generation, ctx: DecodeContext, riding: int = 0) -> TokenTree:
     g.catch_up_ms = 0.0
     g.riding = riding
     g.speed_key = speed_key(g.options.strategy, riding > 0)
+    if not g.options.sources.speculates:  # plain decoding (`ar`): no source to ask
+        return tree
     g.draft_chosen, g.drafting = _draft_decision(g, ctx)
     g.stats.draft_steps += int(g.drafting)
     paths = _paths(g, ctx, g.policies.document.acceptance, draft=g.drafting)
@@ -80,13 +82,14 @@ def _along_a_suggestion(g: Generation, ctx: DecodeContext) -> bool:
     return g.options.sources.history and ctx.history.typing_along(g.options.document, g.options.prefix, g.text)
 
 
-def _history_paths(g: Generation, ctx: DecodeContext, acceptance) -> list[DraftPath]:
-    """The suggestion history's paths after the text so far (tail lengths: MATCH_LENGTHS),
-    the text itself searched SELF_SEARCH_CHARS back and the text after the cursor as far forward."""
+def _history_paths(g: Generation, ctx: DecodeContext, acceptance, lengths=None) -> list[DraftPath]:
+    """The suggestion history's paths after the text so far (tail lengths: MATCH_LENGTHS, or
+    `lengths`, which bench/policy_sim.py logs one at a time), the text itself searched
+    SELF_SEARCH_CHARS back and the text after the cursor as far forward."""
     # Only what the search reads: a prefix is often the whole file, copied at every step.
     searched = g.options.prefix[-SELF_SEARCH_CHARS - 1 :] + g.text
     return history_paths(ctx.history, g.options.document, searched, ctx.prompts.encode, g.healing_left, acceptance,
-                         after=g.options.suffix[:SELF_SEARCH_CHARS])
+                         lengths=lengths, after=g.options.suffix[:SELF_SEARCH_CHARS])
 
 
 def _paths(g: Generation, ctx: DecodeContext, acceptance, draft: bool = True) -> list[DraftPath]:

@@ -102,3 +102,29 @@ def test_calibration_groups_later_steps_by_what_a_step_knows():
     assert found[("trie", 0.5)]["paths"] == 1 and found[("trie", 0.5)]["first_followed"] == 0.0  # after step 0's 0.5
     assert found[("history:24", 0.95)]["first_followed"] == 1.0  # after step 1's 0.97
     assert sum(c["paths"] for c in found.values()) == 4
+
+
+def test_the_logging_hooks_run_on_the_engine_as_it_is(tiny_models, tmp_path):
+    """log_positions and served_step_ms patch the engine's proposing and stepping: a change to
+    those internals that they no longer fit (a renamed attribute, a new argument) fails here, where
+    it once failed only when someone next ran the bench."""
+    from bench.policy_sim import log_positions, served_step_ms
+    from prefixcache import Index
+    from specdec import Engine, load_model
+    from specdec_eval.points import sample_points
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for i in range(3):
+        (repo / f"m{i}.py").write_text(f"def f{i}(x):\n    value = x + {i}\n    return value * 2\n\n"
+                                       f"def g{i}(y):\n    return f{i}(y) + {i}\n")
+    index = Index.build(repo, workers=1)
+    target, draft = load_model(tiny_models[0]), load_model(tiny_models[1])
+    plain, forced = Engine(target, draft, index), Engine(target, draft, index, adaptive=False)
+    points = sample_points(repo, 3, 1, "auto")
+    served = served_step_ms(plain, Engine(target, draft, index), index, points, max_tokens=8)
+    assert served.get(1, (0.0, 0))[1] > 0 and all(ms >= 0.0 for ms, _ in served.values())
+    rows = log_positions(forced, plain, index, points, max_tokens=8)
+    assert len(rows) == 3 and all(row["same"] for row in rows)
+    steps = [step for row in rows for step in row["steps"]]
+    assert steps and all({"paths", "trie_ms", "history_ms", "draft_ms", "confidence"} <= step.keys() for step in steps)
