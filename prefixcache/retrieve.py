@@ -5,7 +5,8 @@ Four kinds of chunk, each a run of whole lines of another file:
   cursor, found by tree-sitter; names the cursor's file imports from a repository module first;
 - similar: windows most similar to the cursor's neighbourhood by token-set Jaccard (RepoCoder,
   Tabby and llama.vim pick chunks so), through an inverted index of the words that are rare
-  enough to tell windows apart;
+  enough to tell windows apart; each is cut to the line most like the cursor's last lines and
+  the few after it, the code a model can copy next, and ranks above definitions;
 - recent: the region around the latest edits of other files (from Index.update);
 - candidate: the lines the trie's top candidates were taken from.
 Chunks almost identical to the cursor's own neighbourhood are dropped (they make a model repeat
@@ -24,7 +25,14 @@ NEIGHBOURHOOD_LINES = 12  # before the cursor (and a third of it after) make the
 NEAR_DUPLICATE = 0.5  # Jaccard with the neighbourhood above which a chunk is dropped
 DEFINITION_LINES = 12
 COMMON_WORD_SHARE = 0.05  # words in more windows than this share are not looked up
-SIMILAR_FLOOR = 0.05  # Jaccard with the neighbourhood a similar window needs to be chosen at all
+SIMILAR_FLOOR = 0.3  # Jaccard with the neighbourhood a similar window needs to be chosen at all
+# A similar window is cut to its line most like the cursor's last ANCHOR_LINES lines, with
+# SIMILAR_BEFORE lines before it and SIMILAR_AFTER after: a whole 24-line window fits no small
+# budget, and what follows the matching line is what the completion may repeat.
+ANCHOR_LINES = 3
+SIMILAR_BEFORE = 1
+SIMILAR_AFTER = 3
+SIMILAR_RANK = 3.0  # added to a similar chunk's Jaccard, above any definition's score
 _IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.MULTILINE)
 _DEFINITION_NODES = {
     "python": ("function_definition", "class_definition"),
@@ -132,8 +140,9 @@ class Retriever:
         before_lines = before.split("\n")
         neighbourhood = "\n".join(before_lines[-NEIGHBOURHOOD_LINES:] + after.split("\n")[: NEIGHBOURHOOD_LINES // 3])
         near = words(neighbourhood)
+        tail = words("\n".join(before_lines[-ANCHOR_LINES:]))
         with self.lock:
-            found = (self._definitions_used(before_lines, path) + self._similar(near, path, min_similarity)
+            found = (self._definitions_used(before_lines, path) + self._similar(near, tail, path, min_similarity)
                      + self._recent(path) + self._candidate_lines(candidates, path))
         return _pack(found, near, budget_chars)
 
@@ -149,7 +158,7 @@ class Retriever:
                 chunks.append(self._chunk(d.path, d.start, min(d.end, d.start + DEFINITION_LINES), "definition", score))
         return chunks
 
-    def _similar(self, near: frozenset, path: str | None, floor: float, k: int = 4) -> list[Chunk]:
+    def _similar(self, near: frozenset, tail: frozenset, path: str | None, floor: float, k: int = 4) -> list[Chunk]:
         limit = max(8, COMMON_WORD_SHARE * self.window_count)
         shared = {}
         for word in near:
@@ -160,8 +169,23 @@ class Retriever:
                         shared[key] = shared.get(key, 0) + 1
         best = sorted(shared, key=lambda key: (-shared[key], key))[: 8 * k]  # ties by place, not by hash order
         scored = sorted(((jaccard(near, self.windows[p][n].words), p, n) for p, n in best), reverse=True)[:k]
-        return [self._chunk(p, self.windows[p][n].start, self.windows[p][n].end, "similar", score)
-                for score, p, n in scored if score > floor]
+        chunks = []
+        for score, p, n in scored:
+            if score > floor:
+                at = self._line_most_like(p, self.windows[p][n], tail)
+                chunks.append(self._chunk(p, max(0, at - SIMILAR_BEFORE), at + 1 + SIMILAR_AFTER, "similar",
+                                          SIMILAR_RANK + score))
+        return chunks
+
+    def _line_most_like(self, path: str, window: Window, tail: frozenset) -> int:
+        """The window's line whose last ANCHOR_LINES lines share most with the cursor's (the first of equals)."""
+        lines = self.texts[path]
+        best, at = -1.0, window.start
+        for row in range(window.start, window.end):
+            score = jaccard(words("\n".join(lines[max(0, row - ANCHOR_LINES + 1): row + 1])), tail)
+            if score > best:
+                best, at = score, row
+        return at
 
     def _recent(self, path: str | None) -> list[Chunk]:
         chunks = []

@@ -4,6 +4,7 @@ and a context that stays put while the user types on one line."""
 import pytest
 
 from prefixcache import Index
+from prefixcache.retrieve import SIMILAR_AFTER, SIMILAR_BEFORE, SIMILAR_RANK
 from specdec import Engine, load_model
 from specdec.prompt.retrieval import REFRESH_LINES, ContextSettings
 
@@ -34,6 +35,11 @@ def main():
 REPORT = "\n".join(f"def report_{i}(rows):\n    total = sum(row.amount for row in rows)\n    return total * {i}\n"
                    for i in range(12))
 
+# A cursor after the first line of a report like pkg/report.py's, below code of its own (a
+# neighbourhood of that one line alone would drop every report as a near-duplicate of it).
+NEW_REPORT = ("import os\n\nLIMIT = 10\n\n\ndef helper(path):\n    return os.path.join(path, 'x')\n\n\n"
+              "def report_99(rows):\n    total = sum(row.amount for row in rows)\n")
+
 
 @pytest.fixture()
 def repo(tmp_path):
@@ -50,7 +56,22 @@ def test_definitions_of_imported_names_are_found_across_files(repo):
     texts = "\n".join(c.text for c in chunks)
     assert "def get_item(self, key, default=None):" in texts and "def put_item(self, key, value):" in texts
     assert all(c.path != "pkg/app.py" for c in chunks)
-    assert chunks[-1].kind == "definition"  # the most relevant goes last, nearest the file
+    kinds = [c.kind for c in chunks]
+    assert "definition" in kinds and kinds == sorted(kinds)  # similar code last, nearest the file
+
+
+def test_a_similar_window_is_cut_to_the_lines_after_its_best_match(repo):
+    """A 24-line window fits no 128-token budget; the few lines around its line most like the
+    cursor's do, and they hold what comes next."""
+    index = Index.build(repo, workers=1)
+    chunks = index.retrieve(NEW_REPORT, "", path="pkg/new.py", budget_chars=448, min_similarity=0.1)
+    similar = [c for c in chunks if c.kind == "similar"]
+    assert similar, [c.kind for c in chunks]
+    best = similar[-1]
+    assert best.end - best.start == SIMILAR_BEFORE + 1 + SIMILAR_AFTER
+    assert "total = sum(row.amount for row in rows)" in best.text
+    assert "return total *" in best.text.split("total = sum(row.amount for row in rows)", 1)[1]
+    assert chunks[-1] is best  # the most relevant goes last, nearest the file
 
 
 def test_a_near_duplicate_of_the_neighbourhood_is_not_packed(repo):
@@ -86,13 +107,12 @@ def test_a_cut_that_is_no_edit_is_not_offered_as_recent(repo):
 
 def test_similar_windows_below_the_floor_stay_out(repo):
     index = Index.build(repo, workers=1)
-    before = "def total_of(rows):\n    total = sum(row.amount for row in rows)\n    "
-    loose = index.retrieve(before, "", path="pkg/new.py", budget_chars=4000, min_similarity=0.0)
-    scores = [c.score for c in loose if c.kind == "similar"]
+    loose = index.retrieve(APP, "", path="pkg/new.py", budget_chars=4000, min_similarity=0.0)
+    scores = [c.score - SIMILAR_RANK for c in loose if c.kind == "similar"]  # the Jaccard
     assert scores, [c.kind for c in loose]
     floor = (min(scores) + max(scores)) / 2 if min(scores) < max(scores) else max(scores)
-    strict = index.retrieve(before, "", path="pkg/new.py", budget_chars=4000, min_similarity=floor)
-    assert all(c.score > floor for c in strict if c.kind == "similar")
+    strict = index.retrieve(APP, "", path="pkg/new.py", budget_chars=4000, min_similarity=floor)
+    assert all(c.score - SIMILAR_RANK > floor for c in strict if c.kind == "similar")
     assert len([c for c in strict if c.kind == "similar"]) < len(scores)
 
 
