@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         raw = head_config(teacher.config)
         model = build_head(raw, teacher, args.seed).to(args.device)
         if args.init_from and not has_checkpoint(run_dir):
-            _init_head(model, args.init_from, teacher)
+            _init_head(model, args.init_from, teacher, run_dir)
     else:
         raw = target_config(tokenizer.get_vocab_size(), special, args.shape) if args.stage == "target" \
             else draft_config(tokenizer.get_vocab_size(), special)
@@ -194,7 +194,7 @@ def _train_head_on_features(args) -> int:
     if has_checkpoint(run_dir):  # its draft vocabulary picks the teacher's logits, before train() resumes it
         model.load_state_dict(checkpoint_state(run_dir)["model"])
     elif args.init_from:
-        _init_head(model, args.init_from, teacher)
+        _init_head(model, args.init_from, teacher, run_dir)
     else:
         draft_vocabulary(model, (store.row_ids(i).tolist() for i in range(store.rows)))
     settings = TrainSettings(tokens=int(args.tokens or 4e6), batch_size=args.batch_size,
@@ -282,6 +282,7 @@ def _export_head(args) -> int:
     card = {"kind": "eagle3", "target": target_identity(args.teacher),
             "target_fingerprint": target_fingerprint(args.teacher), "draft_vocab": raw["draft_vocab_size"],
             "run": args.name, **_trained(state)}
+    card.update(_lineage(args.runs / (args.name or "head"), card))
     if args.features:
         card["agreement"] = store_agreement(head, teacher, FeatureStore.open(args.features), rows=args.rows)
         card["agreement"]["features"] = args.features.name
@@ -300,13 +301,33 @@ def _initial_model(raw: dict, args, run_dir: Path):
     return model
 
 
-def _init_head(head, path: Path, teacher) -> None:
-    """A head's weights and draft vocabulary from an exported head directory (see load_head_weights)."""
+INIT_CARD = "init_card.json"  # in a run started from an exported head: that head's card
+
+
+def _init_head(head, path: Path, teacher, run_dir: Path) -> None:
+    """A head's weights and draft vocabulary from an exported head directory (see load_head_weights);
+    its card is kept in the run, so that the run's own card counts the training it started from."""
     try:
         load_head_weights(head, path)
     except ValueError as e:
         raise SystemExit(f"--init-from {e}") from None
+    if (path / HEAD_CARD).is_file():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / INIT_CARD).write_text((path / HEAD_CARD).read_text(encoding="utf-8"), encoding="utf-8")
     log.info("initialised the head from %s", path)
+
+
+def _lineage(run_dir: Path, card: dict) -> dict:
+    """The card's training in all: its own, plus the head's it started from (init_from, and the totals)."""
+    try:
+        earlier = json.loads((run_dir / INIT_CARD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    before = earlier.get("total", {"train_tokens": earlier.get("train_tokens", 0),
+                                    "train_minutes": earlier.get("train_minutes", 0.0)})
+    return {"init_from": earlier,
+            "total": {"train_tokens": card["train_tokens"] + before["train_tokens"],
+                      "train_minutes": round(card["train_minutes"] + before["train_minutes"], 1)}}
 
 
 def _teacher(args, special: dict, tokenizer):

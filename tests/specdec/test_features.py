@@ -188,6 +188,12 @@ def test_the_cli_trains_measures_and_exports_a_head_on_stored_features(gguf_file
     assert exported.keys() - {"t2d"} <= started.keys() and "fc.weight" in exported
     for name in exported.keys() - {"t2d"}:
         assert torch.equal(started[name].to(exported[name].dtype), exported[name]), name
+    # its card counts the training it started from
+    assert main(["export-head", *more[:-6], "--out", str(tmp_path / "head2")]) == 0
+    continued = json.loads((tmp_path / "head2" / "card.json").read_text())
+    assert continued["init_from"]["run"] == "head-q" and continued["init_from"]["train_tokens"] == card["train_tokens"]
+    assert continued["total"]["train_tokens"] == card["train_tokens"] + continued["train_tokens"]
+    assert "init_from" not in card
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "model.safetensors").write_bytes((tmp_path / "head" / "model.safetensors").read_bytes())
     with pytest.raises(SystemExit, match="not a head of this shape"):
