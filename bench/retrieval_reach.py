@@ -25,6 +25,7 @@ from prefixcache import Index
 from specdec.prompt.retrieval import CHARS_PER_TOKEN, ContextSettings
 from specdec_eval.metrics import first_line, median, percentile
 from specdec_eval.points import sample_points
+from specdec_eval.runner import cut_at_cursor
 
 MIN_LINE_CHARS = 12
 
@@ -48,14 +49,13 @@ def reach(index: Index, points, budgets: list[int], min_similarity: float) -> di
         classes[kind] = classes.get(kind, 0) + 1
         if kind != "only_elsewhere":
             continue
-        index.update(point.path, point.prefix, edited=False)  # nothing at or after the cursor is visible
-        for budget in budgets:
-            started = time.perf_counter()
-            chunks = index.retrieve(point.prefix, point.suffix, path=point.path,
-                                    budget_chars=int(budget * CHARS_PER_TOKEN), min_similarity=min_similarity)
-            millis[budget].append((time.perf_counter() - started) * 1000)
-            found[budget] += any(line in chunk.text for chunk in chunks)
-        index.update(point.path, texts[point.path], edited=False)
+        with cut_at_cursor(index, point):  # nothing at or after the cursor is visible
+            for budget in budgets:
+                started = time.perf_counter()
+                chunks = index.retrieve(point.prefix, point.suffix, path=point.path,
+                                        budget_chars=int(budget * CHARS_PER_TOKEN), min_similarity=min_similarity)
+                millis[budget].append((time.perf_counter() - started) * 1000)
+                found[budget] += any(line in chunk.text for chunk in chunks)
     elsewhere = classes.get("only_elsewhere", 0)
     return {"points": len(points), "classes": classes,
             "budgets": {str(b): {"recall_of_only_elsewhere": found[b] / elsewhere if elsewhere else None,

@@ -27,12 +27,13 @@ def read_config(path):
 def _repo(tmp_path):
     (tmp_path / "app").mkdir(parents=True)
     (tmp_path / "app" / "handlers.py").write_text(HANDLERS)
-    (tmp_path / "app" / "client.py").write_text(CLIENT + '    config.setdefault("timeout_seconds", 30)\n')
+    (tmp_path / "app" / "client.py").write_text(CLIENT + '    settings.setdefault("timeout_seconds", 30)\n')
     return tmp_path
 
 
 def _point(truth: str) -> Point:
-    return Point(path="app/client.py", prefix=CLIENT + "    ", suffix="", truth=truth, mode="single")
+    """A cursor before client.py's last line, whose text is `truth` (the file is prefix + truth + suffix)."""
+    return Point(path="app/client.py", prefix=CLIENT + "    ", suffix="\n", truth=truth, mode="single")
 
 
 def test_a_line_is_classed_by_where_it_stands():
@@ -45,11 +46,11 @@ def test_a_line_is_classed_by_where_it_stands():
 
 def test_retrieval_carries_a_line_only_another_file_holds(tmp_path):
     index = Index.build(_repo(tmp_path), workers=1)
-    point = _point('settings.setdefault("timeout_seconds", 30)\n')
+    point = _point('settings.setdefault("timeout_seconds", 30)')
     found = reach(index, [point], budgets=[0, 128], min_similarity=0.2)
     assert found["classes"] == {"only_elsewhere": 1}
     assert found["budgets"]["0"]["found"] == 0 and found["budgets"]["128"]["found"] == 1
-    assert index.retriever.texts["app/client.py"][-2].endswith('config.setdefault("timeout_seconds", 30)')  # restored
+    assert index.retriever.texts["app/client.py"][-2].endswith('settings.setdefault("timeout_seconds", 30)')  # restored
 
 
 def test_the_command_writes_its_figures_and_refuses_bad_budgets(tmp_path, capsys):
