@@ -189,7 +189,7 @@ def _train_head_on_features(args) -> int:
     if store.settings.target != expected:
         raise SystemExit(f"{args.features} holds the features of {store.settings.target}, not of {expected}")
     raw = head_config(teacher.config, draft_vocab=args.draft_vocab)
-    run_dir = args.runs / (args.name or "head")
+    run_dir = _head_run(args)
     model = build_head(raw, teacher, args.seed)
     if has_checkpoint(run_dir):  # its draft vocabulary picks the teacher's logits, before train() resumes it
         model.load_state_dict(checkpoint_state(run_dir)["model"])
@@ -236,11 +236,16 @@ def _sample_maker(args, tokenizer, seed: int | None = None, held_out: bool = Fal
                        mix=MIXES[args.mix])
 
 
+def _head_run(args) -> Path:
+    """The directory of head run --name (checkpoints, config, and the card it started from)."""
+    return args.runs / (args.name or "head")
+
+
 def _trained_head(args):
     """(the teacher, the head of run --name at its checkpoint, its config) for a features run."""
     if not args.teacher:
         raise SystemExit(f"{args.stage}: --teacher (the head's target) is required")
-    run_dir = args.runs / (args.name or "head")
+    run_dir = _head_run(args)
     state = checkpoint_state(run_dir)
     if state is None:
         raise SystemExit(f"{run_dir}: no head checkpoint (train one with the head stage)")
@@ -282,7 +287,7 @@ def _export_head(args) -> int:
     card = {"kind": "eagle3", "target": target_identity(args.teacher),
             "target_fingerprint": target_fingerprint(args.teacher), "draft_vocab": raw["draft_vocab_size"],
             "run": args.name, **_trained(state)}
-    card.update(_lineage(args.runs / (args.name or "head"), card))
+    card.update(_lineage(_head_run(args), card))
     if args.features:
         card["agreement"] = store_agreement(head, teacher, FeatureStore.open(args.features), rows=args.rows)
         card["agreement"]["features"] = args.features.name
