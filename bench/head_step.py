@@ -5,7 +5,10 @@
 The target runs as it serves (a GGUF packed in 8-bit blocks, the native step); each head is a
 head of the target's shape (one layer, the draft vocabulary's LM head) with random weights, which
 cost what trained ones do, timed eager in fp32 (`head_V`) and packed as load_eagle3 packs it for
-a packed target (`packed_head_V`). One token per step over `context` cached positions, timed interleaved,
+a packed target (`packed_head_V`). With --dense, also a dense draft of the target's first and last
+layers and the same draft vocabulary (specdec.models.dense_draft), run as load_dense_draft runs it
+(`dense_V`: packed for a packed target), its logits over the whole vocabulary included as the
+draft runner reads them. One token per step over `context` cached positions, timed interleaved,
 medians. A head's step costs its draft depth times per speculation, so its ratio to the target's
 step is what the adaptive engine weighs against the tokens it may win.
 """
@@ -14,15 +17,18 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from specdec import Segment, load_model
+from specdec.models.dense_draft import load_dense_draft
 from specdec.models.eagle import pack_for_cpu
 from specdec.models.model_cache import default_target
 from specdec.models.quantize import loads_packed
+from specdec.training.dense_draft import build_dense_draft, dense_draft_config, save_dense_draft
 from specdec.training.eagle3 import build_head, head_config
 
 
@@ -56,12 +62,21 @@ def head_step(head, context: int):
     return step
 
 
+def dense_draft(target, vocab: int):
+    """A dense draft of the target's first and last layers, as served (packed with a packed target)."""
+    with tempfile.TemporaryDirectory() as folder:
+        raw = dense_draft_config(target.config, vocab)
+        save_dense_draft(build_dense_draft(raw, target, torch.zeros(vocab, dtype=torch.long)), Path(folder))
+        return load_dense_draft(folder, target)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", type=Path, help="default: the pulled default model")
     p.add_argument("--vocabs", default="2048,8192,32768")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--repeats", type=int, default=40)
+    p.add_argument("--dense", action="store_true", help="also time a dense draft per vocabulary")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     path = args.target or default_target()[1]
@@ -75,6 +90,8 @@ def main(argv=None) -> int:
         packed = build_head(raw, target).eval()
         if pack_for_cpu(packed, target):
             steps[f"packed_head_{vocab}"] = head_step(packed, args.context)
+        if args.dense:
+            steps[f"dense_{vocab}"] = target_step(dense_draft(target, vocab), args.context)
     times = {name: [] for name in steps}
     for _ in range(3):  # warm caches and lazy setup
         for step in steps.values():

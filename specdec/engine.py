@@ -26,6 +26,7 @@ from specdec.decode.prompt_cache import PromptCache
 from specdec.decode.scheduler import Scheduler
 from specdec.models import model_cache
 from specdec.models.adapted import adapted_draft_for, check_fits
+from specdec.models.dense_draft import is_dense_draft, load_dense_draft
 from specdec.models.eagle import is_eagle3, load_eagle3
 from specdec.models.gguf_checkpoint import is_gguf
 from specdec.models.loader import load_model
@@ -157,9 +158,11 @@ class Engine:
         if draft_path and is_eagle3(draft_path):  # recognised from its config
             kwargs["head"] = load_eagle3(draft_path, target_model, target_model.dtype)
             draft_path = None
-        # A GGUF draft (the family's smaller model) is packed by the same rule as the target.
-        draft_model = load_model(draft_path, packed=is_gguf(Path(draft_path)) and loads_packed(draft_path, quantize)) \
-            if draft_path else None
+        if draft_path and is_dense_draft(draft_path):  # reads the target's embedding, as a head does
+            draft_model = load_dense_draft(draft_path, target_model)
+        else:  # a GGUF draft (the family's smaller model) is packed by the same rule as the target
+            draft_model = load_model(draft_path, packed=is_gguf(Path(draft_path)) and loads_packed(draft_path, quantize)) \
+                if draft_path else None
         if index is not None and not hasattr(index, "propose"):
             from prefixcache import Index
 

@@ -174,6 +174,10 @@ class Eagle3Head(nn.Module):
         """Draft-vocabulary ids -> the target's ids."""
         return draft_ids + self.d2t[draft_ids]
 
+    def kept(self) -> torch.Tensor:
+        """The target ids of the draft vocabulary, in draft-id order."""
+        return self.to_target(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
+
 
 def target_weight(target, name: str) -> torch.Tensor:
     """A target's parameter by name (the embedding, the LM head) as floats; a packed target's is
@@ -195,17 +199,28 @@ def pack_for_cpu(head: Eagle3Head, target) -> bool:
 
     A drafting step is a few one-row products, where reading fp32 weights costs four bytes per
     weight; packed they cost one. Drafts stay drafts: the output is still the target's own."""
-    from specdec.models.packed import PackedEmbedding, PackedLinear, packs
+    from specdec.models.packed import PackedEmbedding
     from specdec_kernels import cpu_decode
 
     lib = cpu_decode.library() if getattr(target, "packed", None) else None
-    linears = {name: module for name, module in head.named_modules() if isinstance(module, nn.Linear)}
-    if lib is None or head.dtype != torch.float32 or not all(packs(m.weight) for m in linears.values()):
+    if lib is None or head.dtype != torch.float32 or not pack_linears(head, lib):
         return False
-    for name, module in linears.items():
-        parent_name, _, child = name.rpartition(".")
-        setattr(head.get_submodule(parent_name) if parent_name else head, child, PackedLinear(module.weight, lib))
     head.embed_tokens = PackedEmbedding(target.packed["embed"])
+    return True
+
+
+def pack_linears(module: nn.Module, lib) -> bool:
+    """Every nn.Linear under `module` replaced by a PackedLinear (biases kept); nothing replaced,
+    and False, when any of their widths is not whole blocks."""
+    from specdec.models.packed import PackedLinear, packs
+
+    linears = {name: m for name, m in module.named_modules() if isinstance(m, nn.Linear)}
+    if not all(packs(m.weight) for m in linears.values()):
+        return False
+    for name, linear in linears.items():
+        parent_name, _, child = name.rpartition(".")
+        setattr(module.get_submodule(parent_name) if parent_name else module, child,
+                PackedLinear(linear.weight, lib, linear.bias))
     return True
 
 

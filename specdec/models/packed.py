@@ -179,9 +179,10 @@ class PackedLinear(torch.nn.Module):
     byte per weight instead of four. Inference only; activations are quantized per block of 32
     as the native step's are."""
 
-    def __init__(self, weight: torch.Tensor, lib):
+    def __init__(self, weight: torch.Tensor, lib, bias: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else bias.detach().float()
         self.matrix = PackedMatrix(from_floats(weight.detach().float().numpy()))
         self.lib, self.desc = lib, ctypes.byref(self.matrix.desc)
         self.kernel = cpu_decode.QKERNELS[cpu_decode.qkernel() or "portable"]
@@ -192,6 +193,8 @@ class PackedLinear(torch.nn.Module):
         if self.lib.specdec_qgemm(self.desc, flat.data_ptr(), flat.shape[0], out.data_ptr(), self.kernel,
                                   torch.get_num_threads()):
             raise MemoryError("the packed product could not allocate its scratch memory")
+        if self.bias is not None:
+            out += self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
 
 

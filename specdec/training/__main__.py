@@ -8,6 +8,8 @@
     python -m specdec.training features --teacher FILE.gguf --held-out --name features-held-out --tokens 3e4
     python -m specdec.training agreement --teacher FILE.gguf --features runs/features-held-out --name head-qwen
     python -m specdec.training export-head --teacher FILE.gguf --name head-qwen --out DIR
+    python -m specdec.training dense-draft --teacher FILE.gguf --features runs/features --name dense-qwen
+    python -m specdec.training export-dense-draft --teacher FILE.gguf --name dense-qwen --out DIR
     python -m specdec.training export                     # both into specdec/default_models
     python -m specdec.training pack --tokens 30e6         # packed corpus for a machine without network
     python -m specdec.training target --device cuda --data runs/packed.npz --batch-size 128 --tokens 300e6
@@ -61,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdec.training", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", choices=("target", "draft", "head", "features", "export", "pack", "agreement",
-                                          "export-head"))
+                                          "export-head", "dense-draft", "export-dense-draft"))
     parser.add_argument("--runs", type=Path, default=Path("runs"), help="checkpoints, logs, corpus cache")
     parser.add_argument("--out", type=Path, default=MODELS, help="export directory")
     parser.add_argument("--shape", choices=sorted(TARGET_SHAPES), default=DEFAULT_SHAPE)
@@ -85,7 +87,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--teacher", type=Path, help="the draft's teacher (default: runs/target's checkpoint)")
     parser.add_argument("--features", type=Path, help="head: train on this feature store (made by the features "
                              "stage) instead of running the teacher on every batch")
-    parser.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB, help="head: tokens of its vocabulary")
+    parser.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB,
+                        help="head, dense-draft: tokens of its vocabulary")
+    parser.add_argument("--init-layers", default="0,-1",
+                        help="dense-draft: the target layers it starts as (negative: from the last)")
     parser.add_argument("--rows", type=int, default=16, help="agreement: feature rows measured on")
     parser.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
                         help="head --features: its products in bfloat16 under autocast, weights and optimizer "
@@ -114,6 +119,11 @@ def main(argv=None) -> int:
         return 0
     if args.stage == "features":
         return _extract_features(args)
+    if args.stage in ("dense-draft", "export-dense-draft"):
+        from specdec.training import dense_stages
+
+        return dense_stages.train_dense_draft(args) if args.stage == "dense-draft" \
+            else dense_stages.export_dense_draft(args)
     if args.stage in ("agreement", "export-head"):
         return _measure_head(args) if args.stage == "agreement" else _export_head(args)
     if args.stage == "head" and args.features:

@@ -56,11 +56,17 @@ def build_head(raw: dict, target, seed: int = 0) -> Eagle3Head:
 def draft_vocabulary(head: Eagle3Head, batches) -> None:
     """d2t from token counts of sample rows: the draft vocabulary is the most frequent target
     tokens, in the target's id order."""
-    counts = torch.zeros(head.config.vocab_size, dtype=torch.long)
+    head.d2t.copy_(frequent_tokens_d2t(batches, head.config.vocab_size, head.config.draft_vocab_size))
+
+
+def frequent_tokens_d2t(batches, vocab_size: int, draft_vocab_size: int) -> torch.Tensor:
+    """d2t of a draft vocabulary of the `draft_vocab_size` tokens most frequent in `batches` (rows
+    of target ids), kept in the target's id order."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
     for rows in batches:
         counts += torch.bincount(torch.as_tensor(rows).flatten(), minlength=counts.numel())
-    kept = counts.argsort(descending=True, stable=True)[: head.config.draft_vocab_size].sort().values
-    head.d2t.copy_(kept - torch.arange(len(kept)))
+    kept = counts.argsort(descending=True, stable=True)[:draft_vocab_size].sort().values
+    return kept - torch.arange(len(kept))
 
 
 def head_loss(head: Eagle3Head, target, ids: torch.Tensor):
@@ -83,11 +89,12 @@ def head_loss(head: Eagle3Head, target, ids: torch.Tensor):
 
 
 class TeacherLogits:
-    """A target's logits over a head's draft vocabulary from its last layer's output: its final
-    norm, then its LM head's rows of those tokens (a stored feature row keeps no logits)."""
+    """A target's logits over a draft's vocabulary (an EAGLE-3 head's or a dense draft's: its
+    kept() target ids) from the target's last layer's output: its final norm, then its LM head's
+    rows of those tokens (a stored feature row keeps no logits)."""
 
-    def __init__(self, target, head: Eagle3Head):
-        kept = head.to_target(torch.arange(head.config.draft_vocab_size))
+    def __init__(self, target, draft):
+        kept = draft.kept()
         self.norm, self.scaling = target.model.norm, target.config.logits_scaling
         self.rows = target_weight(target, "lm_head.weight")[kept].contiguous()
 
@@ -107,23 +114,30 @@ def stored_head_loss(head: Eagle3Head, teacher: TeacherLogits, batch):
     The logits are made LOSS_CHUNK tokens at a time and made again in the backward pass
     (checkpointed): for 2,048 tokens and a 32k vocabulary, whole they are tensors of 268 MB,
     which the allocator maps and unmaps at every step, and the page faults cost most of a step."""
-    losses, agree = [], []
     wants = (batch.final[:, 1:-1], batch.final[:, 2:])
-    for h, want in zip(_two_steps(head, batch.features, batch.ids), wants, strict=True):
-        h, want = h.flatten(0, 1), want.flatten(0, 1)
-        total, hits = h.new_zeros(()), 0
-        for start in range(0, len(h), LOSS_CHUNK):
-            part = slice(start, start + LOSS_CHUNK)
-            loss, agreed = checkpoint(_distilled, head, teacher, h[part], want[part], use_reentrant=False)
-            total, hits = total + loss, hits + agreed
-        losses.append(total / len(h))
-        agree.append(hits / len(h))
-    return losses[0] + losses[1], tuple(agree)
+    logits_of = lambda h: head.lm_head(head.norm(h))  # noqa: E731
+    steps = [chunked_distillation(logits_of, teacher, h, want)
+             for h, want in zip(_two_steps(head, batch.features, batch.ids), wants, strict=True)]
+    return steps[0][0] + steps[1][0], (steps[0][1], steps[1][1])
 
 
-def _distilled(head: Eagle3Head, teacher: TeacherLogits, h, want):
+def chunked_distillation(logits_of, teacher: TeacherLogits, h, want):
+    """(mean KL to the teacher plus cross-entropy on its argmax, share of agreeing tokens) of a
+    draft's outputs h [..., H] against the target's last-layer outputs want [..., H_t];
+    logits_of(h) gives the draft-vocabulary logits, LOSS_CHUNK tokens at a time (see
+    stored_head_loss)."""
+    h, want = h.flatten(0, -2), want.flatten(0, -2)
+    total, hits = h.new_zeros(()), 0
+    for start in range(0, len(h), LOSS_CHUNK):
+        part = slice(start, start + LOSS_CHUNK)
+        loss, agreed = checkpoint(_distilled, logits_of, teacher, h[part], want[part], use_reentrant=False)
+        total, hits = total + loss, hits + agreed
+    return total / len(h), hits / len(h)
+
+
+def _distilled(logits_of, teacher: TeacherLogits, h, want):
     """(summed KL to the teacher plus cross-entropy on its argmax, agreeing tokens) of some tokens."""
-    out = head.lm_head(head.norm(h)).float()
+    out = logits_of(h).float()
     target_logits = teacher(want)
     best = target_logits.argmax(-1)
     soft = F.kl_div(F.log_softmax(out, -1), F.log_softmax(target_logits, -1), log_target=True, reduction="sum")

@@ -99,6 +99,16 @@ def init_weights(model: Transformer, seed: int) -> None:
 def train_forward(model: Transformer, ids, capture=()):
     """ids [B, T] -> (logits [B, T, V], load-balancing loss); causal, differentiable. With
     `capture` (layer indices), also the inputs of those layers, concatenated: [B, T, k*H]."""
+    x, aux, inputs = train_hidden(model, ids, capture)
+    logits = model.lm_head(model.model.norm(x))
+    if capture:
+        return logits, aux, torch.cat([inputs[i] for i in capture], dim=-1)
+    return logits, aux
+
+
+def train_hidden(model: Transformer, ids, capture=()):
+    """ids [B, T] -> (the last layer's outputs [B, T, H] before the final norm, load-balancing
+    loss, {layer: its input} for the `capture` layers); causal, differentiable."""
     cfg = model.config
     batch, length = ids.shape
     x = model.model.embed_tokens(ids)
@@ -115,10 +125,7 @@ def train_forward(model: Transformer, ids, capture=()):
             x, aux = x + y.view_as(x), aux + layer_aux
         else:
             x = x + layer.mlp(h)
-    logits = model.lm_head(model.model.norm(x))
-    if capture:
-        return logits, aux, torch.cat([inputs[i] for i in capture], dim=-1)
-    return logits, aux
+    return x, aux, inputs
 
 
 def _attention(attn, h, cos, sin):
