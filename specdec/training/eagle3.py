@@ -115,8 +115,7 @@ def stored_head_loss(head: Eagle3Head, teacher: TeacherLogits, batch):
     (checkpointed): for 2,048 tokens and a 32k vocabulary, whole they are tensors of 268 MB,
     which the allocator maps and unmaps at every step, and the page faults cost most of a step."""
     wants = (batch.final[:, 1:-1], batch.final[:, 2:])
-    logits_of = lambda h: head.lm_head(head.norm(h))  # noqa: E731
-    steps = [chunked_distillation(logits_of, teacher, h, want)
+    steps = [chunked_distillation(head.logits, teacher, h, want)
              for h, want in zip(_two_steps(head, batch.features, batch.ids), wants, strict=True)]
     return steps[0][0] + steps[1][0], (steps[0][1], steps[1][1])
 
