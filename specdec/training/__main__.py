@@ -53,6 +53,7 @@ from specdec.training.train import (
     has_checkpoint,
     run_model,
     train,
+    trained_summary,
 )
 
 log = logging.getLogger("specdec.training")
@@ -274,7 +275,7 @@ def _measure_head(args) -> int:
     if not args.features:
         raise SystemExit("agreement: --features (a store extracted with --held-out) is required")
     teacher, head, _, state = _trained_head(args)
-    report = {"head": args.name, "features": str(args.features), **_trained(state),
+    report = {"head": args.name, "features": str(args.features), **trained_summary(state),
               **store_agreement(head, teacher, FeatureStore.open(args.features), rows=args.rows)}
     print(json.dumps(report, indent=2))
     return 0
@@ -296,7 +297,7 @@ def _export_head(args) -> int:
     teacher, head, raw, state = _trained_head(args)
     card = {"kind": "eagle3", "target": target_identity(args.teacher),
             "target_fingerprint": target_fingerprint(args.teacher), "draft_vocab": raw["draft_vocab_size"],
-            "run": args.name, **_trained(state)}
+            "run": args.name, **trained_summary(state)}
     card.update(_lineage(_head_run(args), card))
     if args.features:
         card["agreement"] = store_agreement(head, teacher, FeatureStore.open(args.features), rows=args.rows)
@@ -359,7 +360,7 @@ def _export_all(args, tokenizer, special: dict) -> int:
         export_model(model, raw, tokenizer, args.out / name)
         log.info("exported %s (step %d, %.1f min) to %s", name, state["step"], state["elapsed"] / 60, args.out / name)
         report[name] = {"total_params": sum(p.numel() for p in model.parameters()),
-                        "active_params": active_params(model.config), **_trained(state)}
+                        "active_params": active_params(model.config), **trained_summary(state)}
     head_state = checkpoint_state(args.runs / "head")
     if head_state is not None:
         raw = json.loads((args.runs / "head" / "config.json").read_text())
@@ -367,16 +368,10 @@ def _export_all(args, tokenizer, special: dict) -> int:
         head.load_state_dict(head_state["model"])
         save_head(head, raw, args.out / "head")
         report["head"] = {"trained_params": sum(p.numel() for p in head.parameters() if p.requires_grad),
-                          **_trained(head_state)}
+                          **trained_summary(head_state)}
         log.info("exported the EAGLE-3 head (step %d) to %s", head_state["step"], args.out / "head")
     (args.out / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
-
-
-def _trained(state: dict) -> dict:
-    """Steps, tokens and minutes of a run, from its checkpoint."""
-    return {"train_steps": state["step"], "train_tokens": state["step"] * state.get("tokens_per_step", 8 * 1024),
-            "train_minutes": round(state["elapsed"] / 60, 1)}
 
 
 def export_model(model, raw: dict, tokenizer, out: Path) -> None:

@@ -18,7 +18,7 @@ from torch import nn
 
 from specdec.models.dense_draft import ARCHITECTURE, DenseDraft
 from specdec.models.eagle import target_weight
-from specdec.training.eagle3 import LOSS_CHUNK, TeacherLogits, chunked_distillation
+from specdec.training.eagle3 import TargetArgmax, TeacherLogits, chunked_distillation
 from specdec.training.recipe import train_hidden
 
 DEFAULT_LAYERS = (0, -1)  # the target's first and last layers
@@ -71,17 +71,14 @@ def dense_agreement(draft: DenseDraft, target, store, rows: int) -> dict:
     """How often the draft's next token is the target's own (its argmax over the whole vocabulary),
     over `rows` rows of a (held-out) feature store, as eagle3.store_agreement gives a head's first
     step; a dense draft's second token is drafted from its own first, as its first is."""
-    norm, scaling = target.model.norm, target.config.logits_scaling
-    lm_head = target_weight(target, "lm_head.weight")
+    argmax = TargetArgmax(target)
     kept = draft.kept()
     hits = total = 0
     for i in range(min(rows, store.rows)):
         batch = store.batch_of([i])
         hidden, _, _ = train_hidden(draft.body, batch.ids[:, :-1])
         drafted = kept[draft.draft_logits(hidden).argmax(-1)].flatten()
-        final = batch.final.flatten(0, 1)
-        best = torch.cat([(norm(final[a : a + LOSS_CHUNK]) @ lm_head.T / scaling).argmax(-1)
-                          for a in range(0, len(final), LOSS_CHUNK)])
+        best = argmax(batch.final.flatten(0, 1))
         hits, total = hits + int((drafted == best).sum()), total + len(best)
     return {"tokens": total, "step0": hits / max(1, total)}
 

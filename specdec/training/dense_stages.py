@@ -25,7 +25,7 @@ from specdec.training.dense_draft import (
 )
 from specdec.training.eagle3 import TeacherLogits, frequent_tokens_d2t
 from specdec.training.features import FeatureStore, target_identity
-from specdec.training.train import TrainSettings, checkpoint_state, has_checkpoint, train
+from specdec.training.train import TrainSettings, checkpoint_state, has_checkpoint, train, trained_summary
 
 log = logging.getLogger("specdec.training")
 CARD = "card.json"
@@ -80,8 +80,7 @@ def export_dense_draft(args) -> int:
     draft.load_state_dict(state["model"])
     card = {"kind": "dense-draft", "target": target_identity(args.teacher),
             "target_fingerprint": target_fingerprint(args.teacher), "draft_vocab": raw["draft_vocab_size"],
-            "init_layers": raw["init_layers"], "run": args.name, "train_steps": state["step"],
-            "train_tokens": state["step"] * state["tokens_per_step"], "train_minutes": round(state["elapsed"] / 60, 1)}
+            "init_layers": raw["init_layers"], "run": args.name, **trained_summary(state)}
     if args.features:
         card["agreement"] = {**dense_agreement(draft.eval(), teacher, FeatureStore.open(args.features), args.rows),
                              "features": args.features.name}

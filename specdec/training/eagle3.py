@@ -146,6 +146,20 @@ def _distilled(logits_of, teacher: TeacherLogits, h, want):
 AGREEMENT_CHUNK = 256  # tokens whose full-vocabulary teacher logits exist at once
 
 
+class TargetArgmax:
+    """The target's argmax over its whole vocabulary from its last layer's outputs [N, H] (final
+    norm and the full LM head, AGREEMENT_CHUNK rows at a time); the LM head is read once."""
+
+    def __init__(self, target):
+        self.norm, self.scaling = target.model.norm, target.config.logits_scaling
+        self.lm_head = target_weight(target, "lm_head.weight")
+
+    @torch.no_grad()
+    def __call__(self, final: torch.Tensor) -> torch.Tensor:
+        return torch.cat([(self.norm(final[a : a + AGREEMENT_CHUNK]) @ self.lm_head.T / self.scaling).argmax(-1)
+                          for a in range(0, len(final), AGREEMENT_CHUNK)])
+
+
 @torch.no_grad()
 def store_agreement(head: Eagle3Head, target, store, rows: int) -> dict:
     """How often the head's first and second drafted tokens are the target's own next tokens,
@@ -153,8 +167,7 @@ def store_agreement(head: Eagle3Head, target, store, rows: int) -> dict:
     vocabulary (its final norm and full LM head on the stored last-layer outputs), so a token
     outside the draft vocabulary counts as a miss. Also the share of those argmaxes the draft
     vocabulary holds, the ceiling of any head of that vocabulary."""
-    norm, scaling = target.model.norm, target.config.logits_scaling
-    lm_head = target_weight(target, "lm_head.weight")
+    argmax = TargetArgmax(target)
     in_vocab = torch.zeros(head.config.vocab_size, dtype=torch.bool)
     in_vocab[head.to_target(torch.arange(head.config.draft_vocab_size))] = True
     hits, covered, total = [0, 0], 0, 0
@@ -164,8 +177,7 @@ def store_agreement(head: Eagle3Head, target, store, rows: int) -> dict:
         for step, (h, final) in enumerate(zip(outputs, (batch.final[:, 1:-1], batch.final[:, 2:]), strict=True)):
             drafted = head.to_target(head.lm_head(head.norm(h)).argmax(-1)).flatten()
             final = final.flatten(0, 1)
-            best = torch.cat([(norm(final[a : a + AGREEMENT_CHUNK]) @ lm_head.T / scaling).argmax(-1)
-                              for a in range(0, len(final), AGREEMENT_CHUNK)])
+            best = argmax(final)
             hits[step] += int((drafted == best).sum())
             if step == 0:
                 covered, total = covered + int(in_vocab[best].sum()), total + len(best)

@@ -185,6 +185,12 @@ def run_model(run_dir: Path) -> tuple[Transformer, dict, dict]:
     return model.eval(), raw, state
 
 
+def trained_summary(state: dict) -> dict:
+    """Steps, tokens and minutes of a run, from its checkpoint."""
+    return {"train_steps": state["step"], "train_tokens": state["step"] * state.get("tokens_per_step", 8 * 1024),
+            "train_minutes": round(state["elapsed"] / 60, 1)}
+
+
 def checkpoint_state(run_dir: Path) -> dict | None:
     return torch.load(run_dir / "checkpoint.pt", weights_only=False, map_location="cpu") if has_checkpoint(run_dir) else None
 
