@@ -105,6 +105,40 @@ static void qtiles_portable(const QMat *m, int64_t T0, int64_t T1, const QAct *a
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+
+/* The next tile's lines to fetch while this one computes. A wide pass goes over a tile once per
+ * few tokens, from the cache after the first; left to the hardware's prefetcher, memory sat idle
+ * through those repeats and the next tile came in only when asked for, so that reading the
+ * weights and multiplying them took turns instead of overlapping. Each pass over the tile asks
+ * for its share of the next tile's lines (per block: its 8 lines of q, then one of scales and
+ * one of offsets), so the fetches spread over the whole tile's work. */
+typedef struct {
+    int64_t at;   /* the next tile's first block, or -1: no next tile in this range */
+    int lo, hi;   /* the lines of each block this pass asks for, of PREFETCH_LINES */
+} Prefetch;
+#define PREFETCH_LINES 10
+
+static Prefetch prefetch_share(const QMat *m, int64_t T, int64_t T1, int64_t pass, int64_t passes) {
+    const Prefetch none = {-1, 0, 0};
+    if (T + 1 >= T1 || pass >= PREFETCH_LINES) return none;
+    const int64_t shares = passes < PREFETCH_LINES ? passes : PREFETCH_LINES;
+    const Prefetch share = {(T + 1) * (m->cols / 32), (int)(pass * PREFETCH_LINES / shares),
+                            (int)((pass + 1) * PREFETCH_LINES / shares)};
+    return share;
+}
+
+__attribute__((always_inline)) static inline void prefetch_block(const QMat *m, Prefetch p, int64_t b) {
+    if (p.at < 0) return;
+    const int64_t at = p.at + b;
+    for (int line = p.lo; line < p.hi; line++) {
+        const char *address = line < 8  ? (const char *)(m->q + at * 512 + line * 64)
+                              : line == 8 ? (const char *)(m->scale + at * 16)
+                              : m->offset ? (const char *)(m->offset + at * 16)
+                                          : NULL;
+        if (address) _mm_prefetch(address, _MM_HINT_T0);
+    }
+}
+
 #define QTOKENS 4 /* tokens per pass over a tile: each weight register serves them all */
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
@@ -134,13 +168,14 @@ static inline void vnni_store(const __m512 *acc, int nt, const QMat *m, int64_t 
  * one before it. The sums are integers, exact in any order. */
 VNNI
 static void qtile_avx512_vnni_full(const QMat *m, int64_t T, const QAct *a, int64_t t0, float *Y, int64_t ldy,
-                                   const float *bias) {
+                                   const float *bias, Prefetch next) {
     const int64_t nb = m->cols / 32;
     __m512 acc[QTOKENS];
     for (int j = 0; j < QTOKENS; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const int64_t at = T * nb + b;
         const uint8_t *w = m->q + at * 512;
+        prefetch_block(m, next, b);
         __m512i wg[8], even[QTOKENS], odd[QTOKENS];
         for (int g = 0; g < 8; g++) wg[g] = _mm512_loadu_si512(w + g * 64);
         for (int j = 0; j < QTOKENS; j++)
@@ -164,13 +199,14 @@ static void qtile_avx512_vnni_full(const QMat *m, int64_t T, const QAct *a, int6
  * where the weights' loads, not the products, bound the kernel. */
 VNNI
 static void qtile_avx512_vnni_few(const QMat *m, int64_t T, const QAct *a, int64_t t0, int nt, float *Y,
-                                  int64_t ldy, const float *bias) {
+                                  int64_t ldy, const float *bias, Prefetch next) {
     const int64_t nb = m->cols / 32;
     __m512 acc[QTOKENS];
     for (int j = 0; j < QTOKENS; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const int64_t at = T * nb + b;
         const uint8_t *w = m->q + at * 512;
+        prefetch_block(m, next, b);
         __m512i wg[8];
         for (int g = 0; g < 8; g++) wg[g] = _mm512_loadu_si512(w + g * 64);
         const __m512 scale = _mm512_loadu_ps(m->scale + at * 16);
@@ -190,12 +226,14 @@ static void qtile_avx512_vnni_few(const QMat *m, int64_t T, const QAct *a, int64
 VNNI
 static void qtiles_avx512_vnni(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t n, float *Y,
                                int64_t ldy, const float *bias) {
+    const int64_t passes = (n + QTOKENS - 1) / QTOKENS;
     for (int64_t T = T0; T < T1; T++)
         for (int64_t t0 = 0; t0 < n; t0 += QTOKENS) {
+            const Prefetch next = prefetch_share(m, T, T1, t0 / QTOKENS, passes);
             if (n - t0 >= QTOKENS)
-                qtile_avx512_vnni_full(m, T, a, t0, Y, ldy, bias);
+                qtile_avx512_vnni_full(m, T, a, t0, Y, ldy, bias, next);
             else
-                qtile_avx512_vnni_few(m, T, a, t0, (int)(n - t0), Y, ldy, bias);
+                qtile_avx512_vnni_few(m, T, a, t0, (int)(n - t0), Y, ldy, bias, next);
         }
 }
 
@@ -250,7 +288,7 @@ static int64_t qmat_span(const QMat *m) {
 
 AVX2 __attribute__((always_inline))
 static inline void avx2_tile(const QMat *m, int64_t T, const QAct *a, int64_t t0, const int nt, const int span,
-                             const int wide, float *Y, int64_t ldy, const float *bias) {
+                             const int wide, float *Y, int64_t ldy, const float *bias, Prefetch next) {
     const int64_t nb = m->cols / 32;
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[QTOKENS_AVX2][2];
@@ -258,6 +296,7 @@ static inline void avx2_tile(const QMat *m, int64_t T, const QAct *a, int64_t t0
     for (int64_t b = 0; b < nb; b++) {
         const int64_t at = T * nb + b;
         const uint8_t *w = m->q + at * 512;
+        prefetch_block(m, next, b);
         __m256i dot[QTOKENS_AVX2][2];
         for (int j = 0; j < nt; j++) dot[j][0] = dot[j][1] = _mm256_set1_epi32(a->start[(t0 + j) * nb + b]);
         for (int g0 = 0; g0 < 8; g0 += span) {
@@ -308,13 +347,15 @@ static inline void avx2_tile(const QMat *m, int64_t T, const QAct *a, int64_t t0
 #define AVX2_TILES(SPAN, WIDE)                                                                         \
     AVX2 static void avx2_tiles_##SPAN##_##WIDE(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t n, \
                                                 float *Y, int64_t ldy, const float *bias) {            \
+        const int64_t passes = (n + QTOKENS_AVX2 - 1) / QTOKENS_AVX2;                                 \
         for (int64_t T = T0; T < T1; T++)                                                              \
             for (int64_t t0 = 0; t0 < n; t0 += QTOKENS_AVX2) {                                         \
+                const Prefetch next = prefetch_share(m, T, T1, t0 / QTOKENS_AVX2, passes);             \
                 switch (n - t0 >= QTOKENS_AVX2 ? QTOKENS_AVX2 : n - t0) {                              \
-                case 4: avx2_tile(m, T, a, t0, 4, SPAN, WIDE, Y, ldy, bias); break;                    \
-                case 3: avx2_tile(m, T, a, t0, 3, SPAN, WIDE, Y, ldy, bias); break;                    \
-                case 2: avx2_tile(m, T, a, t0, 2, SPAN, WIDE, Y, ldy, bias); break;                    \
-                default: avx2_tile(m, T, a, t0, 1, SPAN, WIDE, Y, ldy, bias);                          \
+                case 4: avx2_tile(m, T, a, t0, 4, SPAN, WIDE, Y, ldy, bias, next); break;              \
+                case 3: avx2_tile(m, T, a, t0, 3, SPAN, WIDE, Y, ldy, bias, next); break;              \
+                case 2: avx2_tile(m, T, a, t0, 2, SPAN, WIDE, Y, ldy, bias, next); break;              \
+                default: avx2_tile(m, T, a, t0, 1, SPAN, WIDE, Y, ldy, bias, next);                    \
                 }                                                                                      \
             }                                                                                          \
     }
