@@ -223,11 +223,61 @@ static void qtile_avx512_vnni_few(const QMat *m, int64_t T, const QAct *a, int64
     vnni_store(acc, nt, m, T, t0, Y, ldy, bias);
 }
 
+/* Two neighbouring tiles for QTOKENS tokens: each broadcast of 4 activation bytes meets 32 rows,
+ * which halves the broadcasts a product needs. Each token's sum in each tile is one chain of
+ * eight products; the eight chains are independent. */
+VNNI
+static void qtile_pair_avx512_vnni(const QMat *m, int64_t T, const QAct *a, int64_t t0, float *Y, int64_t ldy,
+                                   const float *bias, Prefetch next0, Prefetch next1) {
+    const int64_t nb = m->cols / 32;
+    const int8_t *x0 = a->xq + t0 * a->cols;
+    const int64_t ldx = a->cols;
+    __m512 acc0[QTOKENS], acc1[QTOKENS];
+    for (int j = 0; j < QTOKENS; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t at = T * nb + b;
+        const uint8_t *w0 = m->q + at * 512, *w1 = w0 + nb * 512;
+        prefetch_block(m, next0, b);
+        prefetch_block(m, next1, b);
+        __m512i dot0[QTOKENS], dot1[QTOKENS];
+        for (int j = 0; j < QTOKENS; j++) dot0[j] = dot1[j] = _mm512_set1_epi32(a->start[(t0 + j) * nb + b]);
+        for (int g = 0; g < 8; g++) {
+            const __m512i wa = _mm512_loadu_si512(w0 + g * 64), wb = _mm512_loadu_si512(w1 + g * 64);
+            for (int j = 0; j < QTOKENS; j++) {
+                const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(x0 + j * ldx + b * 32 + g * 4));
+                dot0[j] = _mm512_dpbusd_epi32(dot0[j], wa, xb);
+                dot1[j] = _mm512_dpbusd_epi32(dot1[j], wb, xb);
+            }
+        }
+        const __m512 scale0 = _mm512_loadu_ps(m->scale + at * 16), scale1 = _mm512_loadu_ps(m->scale + (at + nb) * 16);
+        const __m512 offset0 = m->offset ? _mm512_loadu_ps(m->offset + at * 16) : _mm512_setzero_ps();
+        const __m512 offset1 = m->offset ? _mm512_loadu_ps(m->offset + (at + nb) * 16) : _mm512_setzero_ps();
+        for (int j = 0; j < QTOKENS; j++) {
+            acc0[j] = vnni_add_block(m, a, (t0 + j) * nb + b, scale0, offset0, dot0[j], acc0[j]);
+            acc1[j] = vnni_add_block(m, a, (t0 + j) * nb + b, scale1, offset1, dot1[j], acc1[j]);
+        }
+    }
+    vnni_store(acc0, QTOKENS, m, T, t0, Y, ldy, bias);
+    vnni_store(acc1, QTOKENS, m, T + 1, t0, Y, ldy, bias);
+}
+
 VNNI
 static void qtiles_avx512_vnni(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t n, float *Y,
                                int64_t ldy, const float *bias) {
     const int64_t passes = (n + QTOKENS - 1) / QTOKENS;
-    for (int64_t T = T0; T < T1; T++)
+    int64_t T = T0;
+    for (; T + 1 < T1 && n >= QTOKENS; T += 2)
+        for (int64_t t0 = 0; t0 < n; t0 += QTOKENS) {
+            const Prefetch next0 = prefetch_share(m, T + 1, T1, t0 / QTOKENS, passes);
+            const Prefetch next1 = prefetch_share(m, T + 2, T1, t0 / QTOKENS, passes);
+            if (n - t0 >= QTOKENS) {
+                qtile_pair_avx512_vnni(m, T, a, t0, Y, ldy, bias, next0, next1);
+            } else {
+                qtile_avx512_vnni_few(m, T, a, t0, (int)(n - t0), Y, ldy, bias, next0);
+                qtile_avx512_vnni_few(m, T + 1, a, t0, (int)(n - t0), Y, ldy, bias, next1);
+            }
+        }
+    for (; T < T1; T++)
         for (int64_t t0 = 0; t0 < n; t0 += QTOKENS) {
             const Prefetch next = prefetch_share(m, T, T1, t0 / QTOKENS, passes);
             if (n - t0 >= QTOKENS)
