@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from bench.pulled import target_or_default
 from prefixcache import Index
 from specdec import Engine, edit_similarity
-from specdec.models.model_cache import default_target
 from specdec.prompt.retrieval import ContextSettings
 from specdec_eval.metrics import exact_match, first_line, median, percentile
 from specdec_eval.points import sample_points
@@ -101,9 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--rows", type=Path, help="also write every point's record here (JSON)")
     args = p.parse_args(argv)
-    target = args.target or default_target()[1]
-    if target is None:
-        raise SystemExit("no --target, and the default model is not pulled (specdec models pull)")
+    target = target_or_default(args.target)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for name in variants:
         parse_variant(name)  # a bad name fails before the model loads

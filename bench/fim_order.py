@@ -16,9 +16,13 @@ import sys
 from pathlib import Path
 
 from specdec import Engine, edit_similarity
-from specdec.models.model_cache import default_target
 from specdec_eval.metrics import exact_match, first_line, median
 from specdec_eval.points import sample_points
+
+# The repository root, after site-packages: bench/ is not installed.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from bench.pulled import target_or_default  # noqa: E402
 
 
 def measure(engine, points, order: str, max_tokens: int, typed: int) -> dict:
@@ -51,9 +55,7 @@ def main(argv=None) -> int:
                         "changes no prompt token: token healing takes the last partial token back)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
-    target = args.target or default_target()[1]
-    if target is None:
-        raise SystemExit("no --target, and the default model is not pulled (specdec models pull)")
+    target = target_or_default(args.target)
     engine = Engine.from_pretrained(target, quantize="auto")
     points = [pt for pt in sample_points(args.repo, args.points, args.seed) if len(pt.prefix) > args.typed]
     report = {"repo": args.repo.name, "points": len(points), "typed": args.typed,

@@ -18,7 +18,11 @@ from pathlib import Path
 import torch
 
 from specdec import load_model
-from specdec.models.model_cache import default_target
+
+# The repository root, after site-packages: bench/ is not installed.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from bench.pulled import target_or_default  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -55,10 +59,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    path = args.gguf or default_target()[1]
-    if path is None:
-        print("no --gguf given and the default model is not pulled (specdec models pull ...)", file=sys.stderr)
-        return 2
+    path = target_or_default(args.gguf, "--gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()

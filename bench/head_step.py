@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from bench.pulled import target_or_default
 from specdec import Segment, load_model
 from specdec.models.dense_draft import load_dense_draft
 from specdec.models.eagle import pack_for_cpu
-from specdec.models.model_cache import default_target
 from specdec.models.quantize import loads_packed
 from specdec.training.dense_draft import build_dense_draft, dense_draft_config, save_dense_draft
 from specdec.training.eagle3 import build_head, head_config
@@ -79,9 +79,7 @@ def main(argv=None) -> int:
     p.add_argument("--dense", action="store_true", help="also time a dense draft per vocabulary")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
-    path = args.target or default_target()[1]
-    if path is None:
-        raise SystemExit("no --target, and the default model is not pulled (specdec models pull)")
+    path = target_or_default(args.target)
     target = load_model(path, packed=loads_packed(path, "auto")).train(False)
     steps = {"target": target_step(target, args.context)}
     for vocab in (int(v) for v in args.vocabs.split(",")):

@@ -26,7 +26,7 @@ import httpx
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from bench.infill_vs_llamacpp import wait_ready  # noqa: E402
-from specdec.models.model_cache import default_target  # noqa: E402
+from bench.pulled import target_or_default  # noqa: E402
 
 BEFORE, AFTER, INTO_LINE = 120, 40, 4
 
@@ -93,9 +93,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    gguf = args.gguf or default_target()[1]
-    if gguf is None:
-        raise SystemExit("no --gguf and the default model is not pulled")
+    gguf = target_or_default(args.gguf, "--gguf")
     cases = points(args.repo, args.points, args.seed)
     server = args.llamacpp.resolve() / "build" / "bin" / "llama-server"
     results = {

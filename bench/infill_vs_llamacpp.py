@@ -30,8 +30,8 @@ import httpx
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_decode import LlamaBench  # noqa: E402
+from bench.pulled import target_or_default  # noqa: E402
 from specdec import default_model_dir  # noqa: E402
-from specdec.models.model_cache import default_target  # noqa: E402
 
 PREFIX_CHARS, SUFFIX_CHARS = 3000, 1000
 
@@ -90,9 +90,7 @@ def main(argv=None) -> int:
             gguf = LlamaBench(args.llamacpp, default_model_dir(), args.threads, Path(tmp)).gguf
             ours = default_model_dir() / "target"
         else:
-            gguf = ours = args.gguf or default_target()[1]
-            if gguf is None:
-                raise SystemExit("no --gguf, and the default model is not pulled (specdec models pull)")
+            gguf = ours = target_or_default(args.gguf, "--gguf")
         servers = {
             "ours": ([str(Path(sys.executable).parent / "specdec"), "serve", "--port", "8191", "--fim-mode", "psm", "--quantize", args.quantize,
                       "--target", str(ours)], "http://127.0.0.1:8191"),

@@ -22,8 +22,12 @@ from pathlib import Path
 import torch
 
 from specdec import Engine, Segment, load_model
-from specdec.models.model_cache import default_target
 from specdec.models.quantize import loads_packed, quantize_target
+
+# The repository root, after site-packages: bench/ is not installed.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from bench.pulled import target_or_default  # noqa: E402
 
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{5,}")
 PREFIX_CHARS, SUFFIX_CHARS, MAX_TOKENS = 1500, 400, 24
@@ -85,10 +89,7 @@ def main() -> int:
     parser.add_argument("--quantize", default="none", help="the target's weights as `specdec serve --quantize` takes them")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    target = args.target or default_target()[1]
-    if target is None:
-        print("no --target and the default model is not pulled", file=sys.stderr)
-        return 2
+    target = target_or_default(args.target)
     model = quantize_target(load_model(target, packed=loads_packed(target, args.quantize)), args.quantize)
     engine = Engine(model, None, None, warm_up=False)
     rows = []

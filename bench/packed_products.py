@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
+from bench.pulled import target_or_default
 from specdec import load_model
-from specdec.models.model_cache import default_target
 from specdec_kernels import cpu_decode
 
 
@@ -86,9 +86,7 @@ def main(argv=None) -> int:
     parser.add_argument("--against", type=Path, help="another build of the native library, timed in turns")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    target = args.target or default_target()[1]
-    if target is None:
-        parser.error("no --target, and the default model is not pulled (specdec models pull)")
+    target = target_or_default(args.target)
     model = load_model(target, packed=True)
     lib = cpu_decode.library()
     libs = [lib] + ([other_build(args.against, lib)] if args.against else [])

@@ -190,15 +190,15 @@ def _extract_features(args) -> int:
 def _train_head_on_features(args) -> int:
     """An EAGLE-3 head for --teacher trained on a feature store: the teacher is only read for its
     config and embedding."""
-    from specdec.training.features import FeatureStore, target_identity
+    from specdec.training.features import FeatureStoreError, open_store_of
 
     if not args.teacher:
         raise SystemExit("head --features: --teacher (the features' target) is required")
-    store = FeatureStore.open(args.features)
+    try:
+        store = open_store_of(args.features, args.teacher)
+    except FeatureStoreError as error:
+        raise SystemExit(str(error)) from None
     teacher = load_model(args.teacher, packed=_packs(args.teacher)).train(False)
-    expected = target_identity(args.teacher)
-    if store.settings.target != expected:
-        raise SystemExit(f"{args.features} holds the features of {store.settings.target}, not of {expected}")
     raw = head_config(teacher.config, draft_vocab=args.draft_vocab)
     run_dir = _head_run(args)
     model = build_head(raw, teacher, args.seed)

@@ -24,7 +24,7 @@ from specdec.training.dense_draft import (
     save_dense_draft,
 )
 from specdec.training.eagle3 import TeacherLogits, frequent_tokens_d2t
-from specdec.training.features import FeatureStore, target_identity
+from specdec.training.features import FeatureStore, FeatureStoreError, open_store_of, target_identity
 from specdec.training.train import TrainSettings, checkpoint_state, has_checkpoint, train, trained_summary
 
 log = logging.getLogger("specdec.training")
@@ -94,10 +94,10 @@ def _teacher_and_store(args):
     if not args.teacher or not args.features:
         raise SystemExit("dense-draft: --teacher FILE.gguf and --features STORE (made by the features stage) "
                          "are required")
-    store = FeatureStore.open(args.features)
-    expected = target_identity(Path(args.teacher))
-    if store.settings.target != expected:
-        raise SystemExit(f"{args.features} holds the features of {store.settings.target}, not of {expected}")
+    try:
+        store = open_store_of(args.features, args.teacher)
+    except FeatureStoreError as error:
+        raise SystemExit(str(error)) from None
     teacher = load_model(args.teacher, packed=loads_packed(args.teacher, "auto")).train(False)
     return teacher, store
 

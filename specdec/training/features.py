@@ -59,6 +59,16 @@ def target_identity(path: Path) -> str:
     return f"{path.name}:{path.stat().st_size}"
 
 
+def open_store_of(root: Path, target: Path) -> "FeatureStore":
+    """The feature store at `root`, refused when it holds another target's features: a draft
+    trained on them would learn to agree with a model that never verifies it."""
+    store = FeatureStore.open(root)
+    expected = target_identity(Path(target))
+    if store.settings.target != expected:
+        raise FeatureStoreError(f"{root} holds the features of {store.settings.target}, not of {expected}")
+    return store
+
+
 @dataclass(frozen=True)
 class FeatureBatch:
     ids: torch.Tensor  # int64 [B, T + 1]

@@ -19,7 +19,14 @@ from specdec.training.eagle3 import (
     store_agreement,
     stored_head_loss,
 )
-from specdec.training.features import FeatureSettings, FeatureStore, FeatureStoreError, extract, target_row
+from specdec.training.features import (
+    FeatureSettings,
+    FeatureStore,
+    FeatureStoreError,
+    extract,
+    open_store_of,
+    target_row,
+)
 from specdec.training.train import TrainSettings, train
 from specdec_kernels import cpu_decode
 from tests.specdec.models.gguf_files import write_gguf
@@ -92,6 +99,10 @@ def test_the_store_resumes_whole_shards_and_refuses_other_settings(target, tmp_p
         FeatureStore.open(tmp_path / "store", _settings(target, seq_len=LENGTH * 2))
     with pytest.raises(FeatureStoreError, match="no feature store"):
         FeatureStore.open(tmp_path / "elsewhere")
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"another target")
+    with pytest.raises(FeatureStoreError, match="holds the features of qwen2.gguf:1, not of other.gguf:14"):
+        open_store_of(tmp_path / "store", other)
 
 
 @pytest.mark.parametrize("bf16", [False, True])
