@@ -2,11 +2,9 @@
 stored features, saved and loaded (packed like its target), and drafting losslessly."""
 
 import json
-import random
 
 import pytest
 import torch
-from gguf import GGMLQuantizationType
 
 from specdec import Engine, Segment, load_model
 from specdec.models.config import ConfigError
@@ -15,8 +13,7 @@ from specdec.training.dense_draft import build_dense_draft, dense_draft_config, 
 from specdec.training.eagle3 import TeacherLogits, frequent_tokens_d2t
 from specdec.training.features import FeatureSettings, FeatureStore, extract, target_identity
 from specdec_kernels import cpu_decode
-from tests.specdec.models.gguf_files import write_gguf
-from tests.specdec.models.test_gguf import tiny_transformers_model
+from tests.specdec.tiny_qwen2 import random_rows, tiny_qwen2_gguf
 
 pytestmark = pytest.mark.skipif(cpu_decode.library() is None, reason="no C compiler for the native step")
 LENGTH = 24
@@ -24,10 +21,7 @@ LENGTH = 24
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("dense")
-    model = tiny_transformers_model("qwen2")
-    model.save_pretrained(folder / "hf")
-    return write_gguf(folder / "qwen2.gguf", model, GGMLQuantizationType.Q8_0)
+    return tiny_qwen2_gguf(tmp_path_factory.mktemp("dense"))
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +30,7 @@ def target(gguf_file):
 
 
 def _rows(count: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(300) for _ in range(LENGTH + 1)] for _ in range(count)]
+    return random_rows(count, LENGTH, seed)
 
 
 def _store(target, gguf_file, root):

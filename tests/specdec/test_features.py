@@ -1,7 +1,6 @@
 """A real (GGUF) target's features for EAGLE-3 training: extracted through the native step, kept
 in a resumable store, and a head trained on them as on the live target."""
 
-import random
 
 import pytest
 import torch
@@ -31,6 +30,7 @@ from specdec.training.train import TrainSettings, train
 from specdec_kernels import cpu_decode
 from tests.specdec.models.gguf_files import write_gguf
 from tests.specdec.models.test_gguf import tiny_transformers_model
+from tests.specdec.tiny_qwen2 import random_rows, tiny_qwen2_gguf
 
 pytestmark = pytest.mark.skipif(cpu_decode.library() is None, reason="no C compiler for the native step")
 LENGTH = 24
@@ -38,10 +38,7 @@ LENGTH = 24
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("features")
-    model = tiny_transformers_model("qwen2")
-    model.save_pretrained(folder / "hf")  # which names its architecture in its config
-    return write_gguf(folder / "qwen2.gguf", model, GGMLQuantizationType.Q8_0)
+    return tiny_qwen2_gguf(tmp_path_factory.mktemp("features"))
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +47,7 @@ def target(gguf_file):
 
 
 def _rows(count: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(300) for _ in range(LENGTH + 1)] for _ in range(count)]
+    return random_rows(count, LENGTH, seed)
 
 
 def _settings(target, **changes) -> FeatureSettings:
