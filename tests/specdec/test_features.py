@@ -1,7 +1,6 @@
 """A real (GGUF) target's features for EAGLE-3 training: extracted through the native step, kept
 in a resumable store, and a head trained on them as on the live target."""
 
-
 import pytest
 import torch
 from gguf import GGMLQuantizationType
