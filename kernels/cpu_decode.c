@@ -109,6 +109,7 @@ typedef struct {
 } AttendRow;
 
 #include "cpu_decode_vector.h" /* the AVX2 products and attention, summed in a fixed order */
+#include "cpu_decode_avx512.h" /* the same attention's numbers, sixteen lanes wide */
 
 /* The rows [r0, r1) of Y = X W^T (+ bias) for n input rows X [n, ldx] into Y [n, ldy]; each
  * thread calls it with its own range. Weight rows are read once for all n inputs. */
@@ -254,6 +255,11 @@ static void attend_head(const float *q, const float *keys, const float *values, 
 static void attend_rows(AttendRow *rows, int R, const float *keys, const float *values, int64_t length, int64_t dim,
                         float scale) {
 #if defined(__AVX2__) && defined(__FMA__)
+    /* a pass of several tokens (its probe ran AVX-512 here); a decode step's few rows measured no faster */
+    if (qkernel == QKERNEL_AVX512_VNNI && R >= TRANSPOSE_ROWS && dim % 16 == 0 && dim <= 128) {
+        attend_rows_avx512(rows, R, keys, values, length, dim, scale);
+        return;
+    }
     if (dim % 8 == 0 && dim <= 128) {
         attend_rows_exact(rows, R, keys, values, length, dim, scale);
         return;

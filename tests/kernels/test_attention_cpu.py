@@ -1,6 +1,8 @@
 """The native causal attention for prefill agrees with exact attention, and steps aside where it
 does not apply."""
 
+import ctypes
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,3 +90,44 @@ def test_a_run_past_the_cache_is_refused():
     q, k, v = projected(64, 4, 2, 32, 100, g)
     with pytest.raises(ValueError, match="do not fit"):
         attention_cpu.causal_attention_native(q, k, v, (50,))
+
+
+def _avx512_runs() -> bool:
+    """Whether this CPU runs the AVX-512 attention: the VNNI kernel's probe, whose choice enables it."""
+    lib = cpu_decode.library()
+    return lib is not None and cpu_decode._probe_in_child(lib, cpu_decode.QKERNELS["avx512_vnni"])
+
+
+def _attend_rows(q, counts, keys, values, length, scale, avx512: bool) -> torch.Tensor:
+    lib = cpu_decode.library()
+    lib.specdec_attend_rows.restype = ctypes.c_int
+    lib.specdec_attend_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_float,
+                                        ctypes.c_int, ctypes.c_void_p]
+    out = torch.empty_like(q)
+    count = torch.tensor(counts, dtype=torch.int64)
+    status = lib.specdec_attend_rows(q.data_ptr(), len(q), count.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                                     length, q.shape[1], scale, int(avx512), out.data_ptr())
+    assert status == 0
+    return out
+
+
+@pytest.mark.skipif(cpu_decode.build() != "avx2" or not _avx512_runs(), reason="no AVX-512 attention on this CPU")
+@pytest.mark.parametrize("dim", [16, 64, 128])
+@pytest.mark.parametrize("rows", [1, 7, 8, 13, 28])
+def test_the_avx512_decode_attention_gives_the_avx2_passes_very_numbers(dim, rows):
+    """A verify pass's rows (the group's heads of a few tokens, each seeing its own count of new
+    keys) must get the same numbers from the AVX-512 attention as from AVX2's, bit for bit:
+    the engine picks one by the CPU, and plain steps and tree passes must agree on any machine."""
+    generator = torch.Generator().manual_seed(dim * 100 + rows)
+    length = 201  # committed keys: chunks of 64 and a ragged last one
+    counts = [length + 1 + r % 5 for r in range(rows)]
+    q = torch.randn(rows, dim, generator=generator) * 2
+    keys = torch.randn(length + 8, dim, generator=generator)
+    values = torch.randn(length + 8, dim, generator=generator)
+    scale = dim ** -0.5
+    wide = _attend_rows(q, counts, keys, values, length, scale, avx512=True)
+    assert torch.equal(wide, _attend_rows(q, counts, keys, values, length, scale, avx512=False))
+    for r, count in enumerate(counts):  # and both are attention
+        weights = torch.softmax(q[r].double() @ keys[:count].double().T * scale, dim=-1)
+        assert torch.allclose(wide[r].double(), weights @ values[:count].double(), atol=1e-5, rtol=1e-4)

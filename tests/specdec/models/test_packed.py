@@ -103,7 +103,8 @@ def test_every_kernel_this_cpu_runs_gives_the_portable_kernels_numbers(name):
     for kernel in ("avx2", "avx512_vnni"):
         code = cpu_decode.QKERNELS[kernel]
         if cpu_decode._probe_in_child(lib, code):
-            assert np.array_equal(_product(matrix, x, code), portable), kernel
+            for n in (5, 6, 7):  # a pass of four tokens, then the rest: one, two or three
+                assert np.array_equal(_product(matrix, x[:n].copy(), code), portable[:n]), (kernel, n)
     in_use = cpu_decode.QKERNELS[cpu_decode.qkernel()]
     one_by_one = np.concatenate([_product(matrix, x[i:i + 1].copy(), in_use) for i in range(len(x))])
     assert np.array_equal(one_by_one, portable)  # a token's row does not depend on its neighbours
@@ -183,6 +184,44 @@ def test_a_tokens_logits_are_the_same_in_one_pass_token_by_token_and_in_chunks(q
     cache = model.new_cache(64)
     rows = model(ids, torch.arange(len(ids)), [Segment(cache, len(ids))], [9, 2])
     assert torch.equal(rows, whole[[9, 2]])
+
+
+@needs_native
+def test_every_kernel_this_cpu_runs_gives_a_pass_the_same_logits(qwen2_files):
+    """The kernel chosen for the packed products also chooses the attention (AVX-512 with the
+    VNNI kernel, AVX2 otherwise): a prompt and a token tree after it must get the very logits
+    under each, or a verify pass could disagree with the plain steps of another machine's run."""
+    model = load_model(qwen2_files[0], packed=True)
+    lib, ids = cpu_decode.library(), IDS[0]
+    parents = [-1, 0, 1, 0, 3, -1, 5, 6]  # two branches off the first node, and another root child
+    tree = torch.eye(len(parents), dtype=torch.bool)
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            tree[node] |= tree[parent]
+    nodes = torch.tensor([7, 30, 41, 52, 63, 74, 85, 96])
+
+    def logits() -> tuple[torch.Tensor, torch.Tensor]:
+        cache = model.new_cache(64)
+        prompt = model(ids, torch.arange(len(ids)), [Segment(cache, len(ids))])
+        cache.keep_all()
+        positions = len(ids) + tree.sum(1) - 1
+        return prompt, model(nodes, positions, [Segment(cache, len(nodes), tree)])
+
+    in_use = cpu_decode.QKERNELS[cpu_decode.qkernel()]
+    expected = logits()
+    tried = 0
+    try:
+        for kernel in ("avx2", "avx512_vnni"):
+            code = cpu_decode.QKERNELS[kernel]
+            if code != in_use and cpu_decode._probe_in_child(lib, code):
+                lib.specdec_set_qkernel(code)
+                got = logits()
+                tried += 1
+                assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), kernel
+    finally:
+        lib.specdec_set_qkernel(in_use)
+    if not tried:
+        pytest.skip("only one vector kernel runs on this CPU")
 
 
 def test_packing_is_refused_with_a_clear_error_where_it_cannot_run(qwen2_files, tmp_path):
