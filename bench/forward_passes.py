@@ -8,9 +8,10 @@ The target is loaded twice, once bound to each library (the packed matrices' ker
 chose, set in both), and each holds its own cache of the same real-code context. Each round
 times every size on both, the order of the two alternating between rounds, so a slow spell of
 the machine falls on both alike; medians over rounds. A pass of n > 1 tokens is a chain with its
-tree mask, as a verify pass of one path. Before timing, both libraries' logits are compared: a
-build that changes a pass's numbers is reported, not timed as the same work. packed_products
-times the products alone; this times what a step pays, attention and the rest included.
+tree mask, as a verify pass of one path. Before timing, both libraries' logits are compared,
+and whether they are equal is reported beside the times: a build that changes a pass's numbers
+is not doing the same work. packed_products times the products alone; this times what a step
+pays, attention and the rest included.
 """
 
 import argparse

@@ -117,8 +117,9 @@ def _attend_rows(q, counts, keys, values, length, scale, avx512: bool) -> torch.
 @pytest.mark.parametrize("rows", [1, 7, 8, 13, 28])
 def test_the_avx512_decode_attention_gives_the_avx2_passes_very_numbers(dim, rows):
     """A verify pass's rows (the group's heads of a few tokens, each seeing its own count of new
-    keys) must get the same numbers from the AVX-512 attention as from AVX2's, bit for bit:
-    the engine picks one by the CPU, and plain steps and tree passes must agree on any machine."""
+    keys) must get the same numbers from the AVX-512 attention as from AVX2's, bit for bit: on a
+    VNNI machine a decode step's rows keep AVX2's and a verify pass's take AVX-512's, and a
+    token's numbers must not depend on which, or a verify pass would stop equalling plain decoding."""
     generator = torch.Generator().manual_seed(dim * 100 + rows)
     length = 201  # committed keys: chunks of 64 and a ragged last one
     counts = [length + 1 + r % 5 for r in range(rows)]
