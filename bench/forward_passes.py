@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from bench.builds import other_build
 from bench.pulled import target_or_default
 from specdec import load_model
 from specdec.models.model import Segment
@@ -42,11 +43,9 @@ def bound_to(library: ctypes.CDLL, target: Path):
         cpu_decode._LIBRARY[0] = own
 
 
-def other_library(path: str) -> ctypes.CDLL:
-    own, other = cpu_decode.library(), ctypes.CDLL(path)
-    for name in ("specdec_forward", "specdec_set_qkernel"):
-        getattr(other, name).argtypes = getattr(own, name).argtypes
-        getattr(other, name).restype = getattr(own, name).restype
+def other_library(path: Path) -> ctypes.CDLL:
+    """The other build, set to the packed matrices' kernel this one's probe chose."""
+    other = other_build(path, cpu_decode.library(), "specdec_forward", "specdec_set_qkernel")
     other.specdec_set_qkernel(cpu_decode.QKERNELS[cpu_decode.qkernel()])
     return other
 
@@ -66,7 +65,7 @@ class Contender:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--against", required=True, help="another build's cpu_decode-*.so")
+    parser.add_argument("--against", type=Path, required=True, help="another build's cpu_decode-*.so")
     parser.add_argument("--target", type=Path)
     parser.add_argument("--context", type=int, default=800)
     parser.add_argument("--tokens", default="1,2,4,8,16")

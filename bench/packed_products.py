@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from bench.builds import other_build
 from bench.pulled import target_or_default
 from specdec import load_model
 from specdec_kernels import cpu_decode
@@ -60,16 +61,6 @@ def products_by_kind(libs: list, matrices: dict, tokens: int, repeats: int, thre
     return [{kind: statistics.median(r[kind] for r in kept) for kind in sorted(kept[0])} for kept in rounds]
 
 
-def other_build(path: Path, lib):
-    """Another build of the native library, with the product's signature of this one."""
-    try:
-        other = ctypes.CDLL(str(path))
-    except OSError as error:
-        raise SystemExit(f"--against {path}: {error}") from None
-    other.specdec_qgemm.restype, other.specdec_qgemm.argtypes = lib.specdec_qgemm.restype, lib.specdec_qgemm.argtypes
-    return other
-
-
 def summary(by_kind: dict) -> dict:
     total = sum(by_kind.values())
     head = sum(ms for kind, ms in by_kind.items() if kind.startswith("lm_head"))
@@ -89,7 +80,7 @@ def main(argv=None) -> int:
     target = target_or_default(args.target)
     model = load_model(target, packed=True)
     lib = cpu_decode.library()
-    libs = [lib] + ([other_build(args.against, lib)] if args.against else [])
+    libs = [lib] + ([other_build(args.against, lib, "specdec_qgemm")] if args.against else [])
     report = {"command": " ".join(sys.argv), "kernel": cpu_decode.qkernel(), "threads": args.threads, "tokens": {}}
     matrices = {name: m for name, m in model.packed.items() if name != "embed"}
     for tokens in (int(n) for n in args.tokens.split(",")):

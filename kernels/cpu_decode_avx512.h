@@ -122,12 +122,7 @@ WEIGH_ALL16(5, 3) WEIGH_ALL16(6, 2) WEIGH_ALL16(7, 2) WEIGH_ALL16(8, 2)
 static AVX512_ATTENTION void attend_rows_avx512(AttendRow *rows, int R, const float *keys, const float *values,
                                                 int64_t length, int64_t dim, float scale) {
     const __m512 factor = _mm512_set1_ps(scale);
-    int64_t longest = 0;
-    for (int r = 0; r < R; r++) {
-        longest = rows[r].count > longest ? rows[r].count : longest;
-        rows[r].total = 0.0f;
-        memset(rows[r].out, 0, (size_t)dim * sizeof(float));
-    }
+    const int64_t longest = begin_rows(rows, R, dim);
     float kt[KEY_CHUNK * 128] __attribute__((aligned(64)));
     for (int64_t at = 0; at < longest; at += KEY_CHUNK) {
         transpose_chunk(keys + at * dim, longest - at < KEY_CHUNK ? longest - at : KEY_CHUNK, dim, kt, 16);

@@ -373,6 +373,17 @@ static inline __attribute__((always_inline)) void score_row(const AttendRow *row
     }
 }
 
+/* The rows' running sums emptied, and the most keys any of them attends over. */
+static int64_t begin_rows(AttendRow *rows, int R, int64_t dim) {
+    int64_t longest = 0;
+    for (int r = 0; r < R; r++) {
+        longest = rows[r].count > longest ? rows[r].count : longest;
+        rows[r].total = 0.0f;
+        memset(rows[r].out, 0, (size_t)dim * sizeof(float));
+    }
+    return longest;
+}
+
 /* R query rows over one kv head's keys and values (heads of 8 to 128, a multiple of 8), with
  * the same numbers for each row however many others share its pass or its step. Keys stream
  * once a pass, chunk by chunk, each chunk transposed once for all the rows; row scores have
@@ -380,12 +391,7 @@ static inline __attribute__((always_inline)) void score_row(const AttendRow *row
 static void attend_rows_exact(AttendRow *rows, int R, const float *keys, const float *values, int64_t length,
                               int64_t dim, float scale) {
     const __m256 factor = _mm256_set1_ps(scale);
-    int64_t longest = 0;
-    for (int r = 0; r < R; r++) {
-        longest = rows[r].count > longest ? rows[r].count : longest;
-        rows[r].total = 0.0f;
-        memset(rows[r].out, 0, (size_t)dim * sizeof(float));
-    }
+    const int64_t longest = begin_rows(rows, R, dim);
     if (R < TRANSPOSE_ROWS) { /* too few rows to pay for transposing the keys */
         for (int r = 0; r < R; r++) scores_exact(rows[r].q, keys, rows[r].count, dim, scale, rows[r].scores);
     } else {
