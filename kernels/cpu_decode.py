@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_decode.c")
 HEADERS = [Path(__file__).with_name(name)  # included by SOURCE
            for name in ("cpu_decode_vector.h", "cpu_decode_avx512.h", "cpu_decode_experts.h", "cpu_prefill_attention.h",
-                        "cpu_quant.h")]
+                        "cpu_quant.h", "cpu_quant_vnni.h")]
 FLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
 BUILDS = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "baseline": []}  # widest first
 # glibc's vector math (libmvec) for the exponentials of the portable attention loop (the AVX2

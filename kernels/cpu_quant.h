@@ -139,153 +139,7 @@ __attribute__((always_inline)) static inline void prefetch_block(const QMat *m, 
     }
 }
 
-#define QTOKENS 4 /* tokens per pass over a tile: each weight register serves them all */
-#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-
-/* A token's integer sum over a block into its 16 rows' floats: the portable loop's float
- * operations, in its order. `tb` indexes the token's per-block numbers (t * blocks + b); the
- * block's scales and offsets come loaded, once for all the tokens. */
-VNNI __attribute__((always_inline))
-static inline __m512 vnni_add_block(const QMat *m, const QAct *a, int64_t tb, __m512 scale, __m512 offset,
-                                    __m512i dot, __m512 acc) {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, _mm512_set1_ps(a->dx[tb])), acc);
-    if (m->offset) acc = _mm512_fmadd_ps(offset, _mm512_set1_ps(a->xs[tb]), acc);
-    return acc;
-}
-
-VNNI __attribute__((always_inline))
-static inline void vnni_store(const __m512 *acc, int nt, const QMat *m, int64_t T, int64_t t0, float *Y, int64_t ldy,
-                              const float *bias) {
-    for (int j = 0; j < nt; j++) {
-        float out[16];
-        _mm512_storeu_ps(out, acc[j]);
-        store_tile(out, T * 16, m->rows, bias, Y + (t0 + j) * ldy);
-    }
-}
-
-/* One tile for QTOKENS tokens. Each token's sum runs as two chains of four products (even and
- * odd groups), interleaved across the tokens: one chain of eight made each product wait on the
- * one before it. The sums are integers, exact in any order. */
-VNNI
-static void qtile_avx512_vnni_full(const QMat *m, int64_t T, const QAct *a, int64_t t0, float *Y, int64_t ldy,
-                                   const float *bias, Prefetch next) {
-    const int64_t nb = m->cols / 32;
-    __m512 acc[QTOKENS];
-    for (int j = 0; j < QTOKENS; j++) acc[j] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const int64_t at = T * nb + b;
-        const uint8_t *w = m->q + at * 512;
-        prefetch_block(m, next, b);
-        __m512i wg[8], even[QTOKENS], odd[QTOKENS];
-        for (int g = 0; g < 8; g++) wg[g] = _mm512_loadu_si512(w + g * 64);
-        for (int j = 0; j < QTOKENS; j++)
-            even[j] = _mm512_set1_epi32(a->start[(t0 + j) * nb + b]), odd[j] = _mm512_setzero_si512();
-        for (int g = 0; g < 8; g += 2)
-            for (int j = 0; j < QTOKENS; j++) {
-                const int8_t *x = a->xq + (t0 + j) * a->cols + b * 32 + g * 4;
-                even[j] = _mm512_dpbusd_epi32(even[j], wg[g], _mm512_set1_epi32(*(const int32_t *)x));
-                odd[j] = _mm512_dpbusd_epi32(odd[j], wg[g + 1], _mm512_set1_epi32(*(const int32_t *)(x + 4)));
-            }
-        const __m512 scale = _mm512_loadu_ps(m->scale + at * 16);
-        const __m512 offset = m->offset ? _mm512_loadu_ps(m->offset + at * 16) : _mm512_setzero_ps();
-        for (int j = 0; j < QTOKENS; j++)
-            acc[j] = vnni_add_block(m, a, (t0 + j) * nb + b, scale, offset, _mm512_add_epi32(even[j], odd[j]), acc[j]);
-    }
-    vnni_store(acc, QTOKENS, m, T, t0, Y, ldy, bias);
-}
-
-/* One tile for fewer than QTOKENS tokens (a decode step's one, a short tree's few): one chain of
- * eight products per token, which measured faster than the split chains at one and two tokens,
- * where the weights' loads, not the products, bound the kernel. */
-VNNI
-static void qtile_avx512_vnni_few(const QMat *m, int64_t T, const QAct *a, int64_t t0, int nt, float *Y,
-                                  int64_t ldy, const float *bias, Prefetch next) {
-    const int64_t nb = m->cols / 32;
-    __m512 acc[QTOKENS];
-    for (int j = 0; j < QTOKENS; j++) acc[j] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const int64_t at = T * nb + b;
-        const uint8_t *w = m->q + at * 512;
-        prefetch_block(m, next, b);
-        __m512i wg[8];
-        for (int g = 0; g < 8; g++) wg[g] = _mm512_loadu_si512(w + g * 64);
-        const __m512 scale = _mm512_loadu_ps(m->scale + at * 16);
-        const __m512 offset = m->offset ? _mm512_loadu_ps(m->offset + at * 16) : _mm512_setzero_ps();
-        for (int j = 0; j < nt; j++) {
-            const int64_t t = t0 + j;
-            const int8_t *x = a->xq + t * a->cols + b * 32;
-            __m512i dot = _mm512_set1_epi32(a->start[t * nb + b]);
-            for (int g = 0; g < 8; g++)
-                dot = _mm512_dpbusd_epi32(dot, wg[g], _mm512_set1_epi32(*(const int32_t *)(x + g * 4)));
-            acc[j] = vnni_add_block(m, a, t * nb + b, scale, offset, dot, acc[j]);
-        }
-    }
-    vnni_store(acc, nt, m, T, t0, Y, ldy, bias);
-}
-
-/* Two neighbouring tiles for QTOKENS tokens: each broadcast of 4 activation bytes meets 32 rows,
- * which halves the broadcasts a product needs. Each token's sum in each tile is one chain of
- * eight products; the eight chains are independent. */
-VNNI
-static void qtile_pair_avx512_vnni(const QMat *m, int64_t T, const QAct *a, int64_t t0, float *Y, int64_t ldy,
-                                   const float *bias, Prefetch next0, Prefetch next1) {
-    const int64_t nb = m->cols / 32;
-    const int8_t *x0 = a->xq + t0 * a->cols;
-    const int64_t ldx = a->cols;
-    __m512 acc0[QTOKENS], acc1[QTOKENS];
-    for (int j = 0; j < QTOKENS; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const int64_t at = T * nb + b;
-        const uint8_t *w0 = m->q + at * 512, *w1 = w0 + nb * 512;
-        prefetch_block(m, next0, b);
-        prefetch_block(m, next1, b);
-        __m512i dot0[QTOKENS], dot1[QTOKENS];
-        for (int j = 0; j < QTOKENS; j++) dot0[j] = dot1[j] = _mm512_set1_epi32(a->start[(t0 + j) * nb + b]);
-        for (int g = 0; g < 8; g++) {
-            const __m512i wa = _mm512_loadu_si512(w0 + g * 64), wb = _mm512_loadu_si512(w1 + g * 64);
-            for (int j = 0; j < QTOKENS; j++) {
-                const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(x0 + j * ldx + b * 32 + g * 4));
-                dot0[j] = _mm512_dpbusd_epi32(dot0[j], wa, xb);
-                dot1[j] = _mm512_dpbusd_epi32(dot1[j], wb, xb);
-            }
-        }
-        const __m512 scale0 = _mm512_loadu_ps(m->scale + at * 16), scale1 = _mm512_loadu_ps(m->scale + (at + nb) * 16);
-        const __m512 offset0 = m->offset ? _mm512_loadu_ps(m->offset + at * 16) : _mm512_setzero_ps();
-        const __m512 offset1 = m->offset ? _mm512_loadu_ps(m->offset + (at + nb) * 16) : _mm512_setzero_ps();
-        for (int j = 0; j < QTOKENS; j++) {
-            acc0[j] = vnni_add_block(m, a, (t0 + j) * nb + b, scale0, offset0, dot0[j], acc0[j]);
-            acc1[j] = vnni_add_block(m, a, (t0 + j) * nb + b, scale1, offset1, dot1[j], acc1[j]);
-        }
-    }
-    vnni_store(acc0, QTOKENS, m, T, t0, Y, ldy, bias);
-    vnni_store(acc1, QTOKENS, m, T + 1, t0, Y, ldy, bias);
-}
-
-VNNI
-static void qtiles_avx512_vnni(const QMat *m, int64_t T0, int64_t T1, const QAct *a, int64_t n, float *Y,
-                               int64_t ldy, const float *bias) {
-    const int64_t passes = (n + QTOKENS - 1) / QTOKENS;
-    int64_t T = T0;
-    for (; T + 1 < T1 && n >= QTOKENS; T += 2)
-        for (int64_t t0 = 0; t0 < n; t0 += QTOKENS) {
-            const Prefetch next0 = prefetch_share(m, T + 1, T1, t0 / QTOKENS, passes);
-            const Prefetch next1 = prefetch_share(m, T + 2, T1, t0 / QTOKENS, passes);
-            if (n - t0 >= QTOKENS) {
-                qtile_pair_avx512_vnni(m, T, a, t0, Y, ldy, bias, next0, next1);
-            } else {
-                qtile_avx512_vnni_few(m, T, a, t0, (int)(n - t0), Y, ldy, bias, next0);
-                qtile_avx512_vnni_few(m, T + 1, a, t0, (int)(n - t0), Y, ldy, bias, next1);
-            }
-        }
-    for (; T < T1; T++)
-        for (int64_t t0 = 0; t0 < n; t0 += QTOKENS) {
-            const Prefetch next = prefetch_share(m, T, T1, t0 / QTOKENS, passes);
-            if (n - t0 >= QTOKENS)
-                qtile_avx512_vnni_full(m, T, a, t0, Y, ldy, bias, next);
-            else
-                qtile_avx512_vnni_few(m, T, a, t0, (int)(n - t0), Y, ldy, bias, next);
-        }
-}
+#include "cpu_quant_vnni.h" /* the AVX-512 VNNI kernels */
 
 /* AVX2: u8 x s8 byte pairs summed into 16 bits (maddubs), widened to 32 bits (madd) and added.
  * A pair's sum is at most 2 * 127 * |w|, so no 16-bit sum saturates:
@@ -483,11 +337,12 @@ static QAct *qact_at(void *memory, int64_t n, int64_t cols) {
 void specdec_set_qkernel(int kernel) { qkernel = kernel; }
 
 /* Runs `kernel` on small random products and compares them with the portable one's: 0 when they
- * agree. Two matrices, 5-bit q (zero 16) with offsets and 8-bit q (zero 128), and 7 tokens, so
- * that each of a kernel's paths runs. Called in a child process first
+ * agree. Two matrices, 5-bit q (zero 16) with offsets and 8-bit q (zero 128), and passes of 11,
+ * 7, 4 and 3 tokens, so that each of a kernel's paths runs. Called in a child process first
  * (specdec_kernels/cpu_decode.py), where an instruction the CPU refuses kills only the child. */
 int specdec_qkernel_probe(int kernel) {
-    enum { ROWS = 20, COLS = 64, N = 7 };
+    enum { ROWS = 20, COLS = 64, N = 11 };
+    const int64_t passes[4] = {N, 7, 4, 3};
     static uint8_t q[2 * (COLS / 32) * 512]; /* 2 tiles of 16 rows */
     static float scale[2 * 16 * 2], offset[2 * 16 * 2], X[N * COLS], Y0[N * ROWS], Y1[N * ROWS];
     static int8_t xq[N * COLS];
@@ -502,9 +357,11 @@ int specdec_qkernel_probe(int kernel) {
         q[0] = (uint8_t)((1 << bits[c]) - 1), q[1] = 0; /* both ends of the range */
         QMat m = {q, scale, c ? NULL : offset, c ? 128 : 16, ROWS, COLS, (1 << bits[c]) - 1};
         QAct a = {xq, dx, starts, xs, COLS, N * COLS};
-        qproduct(&m, X, COLS, &a, N, 0, 2, Y0, ROWS, NULL, QKERNEL_PORTABLE);
-        qproduct(&m, X, COLS, &a, N, 0, 2, Y1, ROWS, NULL, kernel);
-        if (memcmp(Y0, Y1, sizeof Y0) != 0) return 1;
+        for (int p = 0; p < 4; p++) {
+            qproduct(&m, X, COLS, &a, passes[p], 0, 2, Y0, ROWS, NULL, QKERNEL_PORTABLE);
+            qproduct(&m, X, COLS, &a, passes[p], 0, 2, Y1, ROWS, NULL, kernel);
+            if (memcmp(Y0, Y1, (size_t)passes[p] * ROWS * sizeof(float)) != 0) return 1;
+        }
     }
     return 0;
 }
