@@ -12,7 +12,6 @@ from prefixcache.build import build_tables, content_hash
 from prefixcache.extract import extract
 from prefixcache.files import list_files, read_source
 from prefixcache.overlay import Overlay
-from prefixcache.repeats import Repeats
 from prefixcache.retrieve import SIMILAR_FLOOR, Chunk, Retriever
 from prefixcache.store import StaticIndex, read_manifest, write_index
 from prefixcache.tables import MULTI_FILE
@@ -33,7 +32,6 @@ class Index:
         self._relative_paths = {}  # path as given -> relative path (absolute ones resolve symlinks once)
         self._retriever = None  # built on first use: it holds every file's text
         self._pending_texts = {}  # updates (text) and removals (None) made before it was built
-        self._repeats = None  # built on first use, from the retriever's texts
 
     # building, loading, saving ------------------------------------------------------------
 
@@ -116,8 +114,6 @@ class Index:
             self._retriever_update(rel, None)
 
     def _retriever_update(self, rel: str, text: str | None, edited: bool = True) -> None:
-        if self._repeats is not None:
-            self._repeats.update(rel, text)
         if self._retriever is None:
             self._pending_texts[rel] = text
         elif text is None:
@@ -199,20 +195,8 @@ class Index:
             return self._retriever
 
     def prepare_retrieval(self) -> int:
-        """Read every file for retrieval and repeats now (a server does it in the background);
-        returns the windows."""
-        self.repeats_of("", None)
+        """Read every file for retrieval now (a server does it in the background); returns the windows."""
         return self.retriever.window_count
-
-    def repeats_of(self, text_before_cursor: str, path=None, k: int = 3) -> list[str]:
-        """Up to k continuations of the text's tail where it occurs in the other files (see repeats.py)."""
-        rel = self.relative(path) if path else None
-        with self.lock:
-            if self._repeats is None:
-                texts = self.retriever.texts
-                self._repeats = Repeats({name: "\n".join(lines) for name, lines in texts.items()})
-            repeats = self._repeats
-        return repeats.continuations(text_before_cursor, rel, k)
 
     def retrieve(self, before: str, after: str = "", path=None, budget_chars: int = 4000,
                  min_similarity: float = SIMILAR_FLOOR) -> list[Chunk]:

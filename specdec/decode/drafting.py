@@ -17,7 +17,7 @@ from specdec.models.model import Segment
 class DraftPath(NamedTuple):
     """Speculated tokens rooted after the last committed token, from one source."""
 
-    source: str  # "trie", "repository", "draft", "ngram", "history", "suggestion": who proposed them (acceptance is learned per source)
+    source: str  # "trie", "draft", "ngram", "history", "suggestion": who proposed them (acceptance is learned per source)
     tokens: list  # token ids
     probs: list  # probs[i]: the estimated chance that the target accepts the path up to tokens[i]
 
@@ -40,25 +40,6 @@ def trie_paths(index, text_before_cursor: str, path, encode, healed: str, stats,
         tokens = encode(healed + cand.text)[:max_tokens]
         if tokens:
             paths.append(DraftPath("trie", tokens, stats.chain_probs("trie", len(tokens), rank)))
-    return paths
-
-
-def repository_paths(index, text_before_cursor: str, path, encode, healed: str, stats,
-                     max_tokens: int = 32) -> list[DraftPath]:
-    """Continuations of the text's tail where it occurs in the repository's other files
-    (source "repository", reported with the trie's tokens: both are the project's own code);
-    tokenized with the healed text, as trie candidates are."""
-    if index is None:
-        return []
-    try:
-        found = index.repeats_of(text_before_cursor, path)
-    except ValueError:
-        return []
-    paths = []
-    for rank, continuation in enumerate(found):
-        tokens = encode(healed + continuation)[:max_tokens]
-        if tokens:
-            paths.append(DraftPath("repository", tokens, stats.chain_probs("repository", len(tokens), rank)))
     return paths
 
 

@@ -22,9 +22,9 @@ GLOBAL_RATE_SHARE = 0.25  # the prior learns at this fraction of a document's ra
 class AcceptanceStats:
     """Running estimates of how often each source's tokens are accepted, to price tree nodes."""
 
-    first: dict = field(default_factory=lambda: {"trie": 0.5, "repository": 0.4, "ngram": 0.4, "history": 0.6,
+    first: dict = field(default_factory=lambda: {"trie": 0.5, "ngram": 0.4, "history": 0.6,
                                                  "suggestion": 0.8})  # P(first accepted)
-    next: dict = field(default_factory=lambda: {"trie": 0.8, "repository": 0.8, "ngram": 0.6, "history": 0.9,
+    next: dict = field(default_factory=lambda: {"trie": 0.8, "ngram": 0.6, "history": 0.9,
                                                 "suggestion": 0.95})  # P(next | previous)
     draft_scale: float = 0.9  # the draft's own probability, scaled by how calibrated it proved
 

@@ -16,16 +16,7 @@ from typing import TYPE_CHECKING
 
 from specdec.decode.budget import grow_tree, min_useful_prob
 from specdec.decode.decoding import DecodeContext
-from specdec.decode.drafting import (
-    DraftPath,
-    branch_paths,
-    cut_after,
-    head,
-    history_paths,
-    ngram_paths,
-    repository_paths,
-    trie_paths,
-)
+from specdec.decode.drafting import DraftPath, branch_paths, cut_after, head, history_paths, ngram_paths, trie_paths
 from specdec.decode.history import SELF_SEARCH_CHARS
 from specdec.decode.policy import PolicyPair, learn_acceptance, learn_draft, speed_key
 from specdec.decode.tree import TokenTree
@@ -108,9 +99,8 @@ def _paths(g: Generation, ctx: DecodeContext, acceptance, draft: bool = True) ->
     sources, paths = g.options.sources, []
     healed = g.healing_left
     if sources.trie:
-        text = g.options.prefix + g.text
-        paths += trie_paths(ctx.index, text, g.options.path, ctx.prompts.encode, healed, acceptance)
-        paths += repository_paths(ctx.index, text, g.options.path, ctx.prompts.encode, healed, acceptance)
+        paths += trie_paths(ctx.index, g.options.prefix + g.text, g.options.path, ctx.prompts.encode, healed,
+                            acceptance)
     if sources.history:
         paths += _history_paths(g, ctx, acceptance)
     if sources.ngram:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 SOURCES = ("trie", "draft", "ngram", "history", "bonus")
-REPORTED_AS = {"suggestion": "history", "repository": "trie"}  # sources learned apart but reported as one
+REPORTED_AS = {"suggestion": "history"}  # sources learned apart but reported as one
 
 
 def _by_source() -> dict:

@@ -3,16 +3,7 @@
 import pytest
 import torch
 
-from prefixcache import Index
-from specdec.decode.drafting import (
-    DraftPath,
-    DraftRunner,
-    EagleRunner,
-    branch_paths,
-    cut_after,
-    ngram_paths,
-    repository_paths,
-)
+from specdec.decode.drafting import DraftPath, DraftRunner, EagleRunner, branch_paths, cut_after, ngram_paths
 from specdec.decode.policy import AcceptanceStats
 from specdec.models.loader import load_model
 
@@ -160,24 +151,6 @@ def test_draft_paths_are_typed():
     paths = ngram_paths([1, 2, 3, 9, 1, 2, 3], AcceptanceStats())
     assert paths and all(isinstance(p, DraftPath) for p in paths)
     assert paths[0].source == "ngram" and paths[0].tokens[0] == 9 and len(paths[0].probs) == len(paths[0].tokens)
-
-
-def test_repository_paths_carry_another_files_continuation_tokenized_with_the_healed_text(tmp_path):
-    (tmp_path / "a.py").write_text("total = compute_total(items, tax=rate)\n")
-    (tmp_path / "b.py").write_text("x = 1\n")
-    index = Index.build(tmp_path)
-    seen = []
-
-    def encode(text):
-        seen.append(text)
-        return [ord(c) for c in text]
-
-    paths = repository_paths(index, "y = compute_total(items, ", "b.py", encode, "ta", AcceptanceStats())
-    assert seen[0] == "tatax=rate)\n"
-    assert paths[0].source == "repository" and paths[0].tokens == [ord(c) for c in seen[0]]
-    assert paths[0].probs[0] == AcceptanceStats().first["repository"]
-    assert repository_paths(None, "y = compute_total(items, ", "b.py", encode, "", AcceptanceStats()) == []
-    assert repository_paths(index, "y = compute_total(items, ", "/elsewhere/c.py", encode, "", AcceptanceStats()) == []
 
 
 def test_a_heads_drafting_step_is_timed_and_prices_its_tokens(tmp_path, tiny_models, monkeypatch):

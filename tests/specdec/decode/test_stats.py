@@ -14,9 +14,3 @@ def test_stats_read_as_a_mapping_and_serialise():
     assert json.loads(json.dumps(stats.as_dict()))["stop_word"] == "END"
     with pytest.raises(KeyError):
         stats["nope"]
-
-
-def test_sources_learned_apart_are_reported_as_the_contracts_keys():
-    stats = Stats()
-    stats.count_pass(["repository", "trie", "suggestion"])
-    assert stats.accepted_by_source == {"trie": 2, "draft": 0, "ngram": 0, "history": 1, "bonus": 1}
