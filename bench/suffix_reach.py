@@ -14,7 +14,7 @@ gets right from the start:
   after cursor  the same over the text after the cursor alone.
 A source "hits" a point when it gets at least `--min-chars` of the line right.
 
-    python bench/suffix_reach.py --repo /tmp/repos/flask-3.1.3 --points 200 --seed 0
+    python -m bench.suffix_reach --repo /tmp/repos/flask-3.1.3 --points 200 --seed 0
 
 --replay RUN (an eval run's directory, with `ar` among its strategies) asks the sources at every
 token of `ar`'s completions instead, the target's own text: a source's proposal there is worth as
@@ -28,17 +28,13 @@ model, and what the repository search adds to it.
 import argparse
 import bisect
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.pulled import target_or_default  # noqa: E402
-from eval.points import SOURCE_SUFFIXES, sample_points  # noqa: E402
-from prefixcache import Index  # noqa: E402
-from specdec.decode.history import MATCH_LENGTHS, SELF_SEARCH_CHARS, SuggestionHistory  # noqa: E402
+from bench.pulled import target_or_default
+from prefixcache import Index
+from specdec.decode.history import MATCH_LENGTHS, SELF_SEARCH_CHARS, SuggestionHistory
+from specdec_eval.points import SOURCE_SUFFIXES, sample_points
 
 TAILS = MATCH_LENGTHS
 SELF_CHARS = SELF_SEARCH_CHARS
