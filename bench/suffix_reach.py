@@ -44,13 +44,18 @@ def first_line(text: str) -> str:
     return text.split("\n", 1)[0]
 
 
-def agreed(proposal: str, truth: str) -> int:
-    line, n = first_line(truth), 0
-    for a, b in zip(proposal, line, strict=False):
-        if a != b:
+def common_chars(a: str, b: str) -> int:
+    """How many characters `a` and `b` share from the start."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
             break
         n += 1
     return n
+
+
+def agreed(proposal: str, truth: str) -> int:
+    return common_chars(proposal, first_line(truth))
 
 
 def tail_continuations(before: str, haystacks: list[str], tails=TAILS, per_tail: int = 64, lines: bool = True,
@@ -77,14 +82,7 @@ def tail_continuations(before: str, haystacks: list[str], tails=TAILS, per_tail:
 
 def tokens_spelled(proposals, rest: str, ends: list[int]) -> int:
     """How many of the next tokens (their end offsets in `rest`) the best proposal spells out."""
-    best = 0
-    for proposal in proposals:
-        n = 0
-        for a, b in zip(proposal, rest, strict=False):
-            if a != b:
-                break
-            n += 1
-        best = max(best, n)
+    best = max((common_chars(proposal, rest) for proposal in proposals), default=0)
     return bisect.bisect_right(ends, best)
 
 
@@ -149,25 +147,25 @@ def reach_report(args, points, files: dict, index) -> dict:
             "mean_chars": {k: round(v / max(1, len(points)), 2) for k, v in chars.items()}}
 
 
-def ar_rows(run: Path) -> list[dict]:
-    """`ar`'s per-point records of an eval run (points.jsonl holds each variant's rows in turn)."""
+def ar_rows(run: Path) -> tuple[dict, list[dict]]:
+    """An eval run's results and `ar`'s per-point records (points.jsonl holds each variant's rows in turn)."""
     try:
-        names = list(json.loads((run / "results.json").read_text())["strategies"])
+        results = json.loads((run / "results.json").read_text())
+        names = list(results["strategies"])
         lines = (run / "points.jsonl").read_text().splitlines()
     except (OSError, ValueError, KeyError) as error:
         raise SystemExit(f"{run}: not an eval run's directory ({error})") from None
     if "ar" not in names or len(lines) % len(names):
         raise SystemExit(f"{run}: no `ar` rows to replay (strategies: {', '.join(names)})")
     per = len(lines) // len(names)
-    return [json.loads(line) for line in lines[names.index("ar") * per : (names.index("ar") + 1) * per]]
+    return results, [json.loads(line) for line in lines[names.index("ar") * per : (names.index("ar") + 1) * per]]
 
 
 def replay_report(args, points, files: dict, index) -> dict:
     from specdec.models.gguf_checkpoint import GgufCheckpoint
     from specdec.models.gguf_tokenizer import tokenizer_from_gguf
 
-    rows = ar_rows(args.replay)
-    run = json.loads((args.replay / "results.json").read_text())
+    run, rows = ar_rows(args.replay)
     if run.get("typing_along"):
         raise SystemExit(f"{args.replay}: a typing-along run's points are not the sampled ones; replay another")
     target = args.target or (Path(run["target"]) if run.get("target") else None)

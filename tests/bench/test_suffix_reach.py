@@ -54,7 +54,7 @@ def test_a_replay_needs_an_eval_runs_ar_rows(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"strategies": {"ar": {}, "hybrid": {}}}))
     rows = [{"path": "a.py", "who": name} for name in ("ar", "ar", "hybrid", "hybrid")]
     (tmp_path / "points.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert [r["who"] for r in ar_rows(tmp_path)] == ["ar", "ar"]
+    assert [r["who"] for r in ar_rows(tmp_path)[1]] == ["ar", "ar"]
     (tmp_path / "results.json").write_text(json.dumps({"strategies": {"hybrid": {}}}))
     with pytest.raises(SystemExit, match="no `ar` rows"):
         ar_rows(tmp_path)
